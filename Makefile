@@ -1,0 +1,37 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (the tests).
+# Both create the virtual environment on first use and are no-ops for set-up on later runs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+EXTRAS ?= dev,data,export,serve
+STAMP := $(VENV)/.bertforge-$(shell cat pyproject.toml scripts/setup-system.sh 2>/dev/null | cksum | cut -d' ' -f1)
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test test-slow install clean bench
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup-system.sh
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@# torch first and on its own: a bare `torch` requirement would pull a multi-GB CUDA build
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@bash scripts/setup-system.sh
+	@rm -f $(VENV)/.bertforge-* && touch $@
+
+demo: $(STAMP)
+	@bash scripts/demo.sh
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,5 @@
+import sys
+
+from bertforge.cli import main
+
+sys.exit(main())

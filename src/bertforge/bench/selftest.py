@@ -1,0 +1,22 @@
+"""Small benchmark callables that exercise the harness itself (and the matmul peak of `bertforge info`)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def matmul(n: int = 512, dtype: str = "fp32", iters: int = 5) -> dict[str, float]:
+    """GFLOP/s of `iters` n x n matmuls."""
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    a, b = torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        torch.matmul(a, b)
+    return {"gflops": 2 * n**3 * iters / (time.perf_counter() - t0) / 1e9}
+
+
+def sleep(seconds: float = 0.01) -> dict[str, float]:
+    time.sleep(seconds)
+    return {"slept_s": seconds}

@@ -1,0 +1,315 @@
+"""Device and precision: the one module that touches device-specific APIs (cuda, xpu, hpu, mps).
+
+Everything else asks this module: which device (`resolve_device`), which precision (`resolve_precision`),
+an autocast context (`autocast`), a gradient scaler for fp16 (`grad_scaler`), the distributed backend
+(`dist_backend`), synchronisation for honest timing (`synchronize`), RNG state for exact resume, and the
+measured matmul peak that every MFU we report divides by (`matmul_peak`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from bertforge.errors import UserError
+
+DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "mps")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _hpu_available() -> bool:
+    try:
+        import habana_frameworks.torch.core  # noqa: F401  (registers the hpu device)
+    except ImportError:
+        return False
+    return bool(getattr(torch, "hpu", None) and torch.hpu.is_available())
+
+
+def is_available(device_type: str) -> bool:
+    if device_type == "cpu":
+        return True
+    if device_type == "cuda":
+        return torch.cuda.is_available()
+    if device_type == "xpu":
+        return bool(getattr(torch, "xpu", None) and torch.xpu.is_available())
+    if device_type == "mps":
+        return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    if device_type == "hpu":
+        return _hpu_available()
+    return False
+
+
+def device_count(device_type: str) -> int:
+    if not is_available(device_type):
+        return 0
+    if device_type == "cpu" or device_type == "mps":
+        return 1
+    return int(getattr(torch, device_type).device_count())
+
+
+def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
+    """`auto` picks cuda, then xpu, hpu, mps, then cpu; `cuda` under torchrun takes the local rank's index."""
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        spec = next(t for t in ("cuda", "xpu", "hpu", "mps", "cpu") if is_available(t))
+    kind, _, index = spec.partition(":")
+    if kind not in DEVICE_TYPES:
+        raise UserError(f"--device {spec!r}: unknown device; use auto, cpu, cuda[:N], xpu[:N], hpu or mps")
+    if not is_available(kind):
+        raise UserError(f"--device {spec!r}: no {kind} device is available on this machine; try --device auto")
+    if kind == "cpu":
+        return torch.device("cpu")
+    if index:
+        if not index.isdigit() or int(index) >= device_count(kind):
+            raise UserError(f"--device {spec!r}: this machine has {device_count(kind)} {kind} device(s)")
+        return torch.device(kind, int(index))
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if kind == "mps":
+        return torch.device("mps")
+    return torch.device(kind, local_rank % max(1, device_count(kind)))
+
+
+def supports(device: torch.device, precision: str) -> bool:
+    """Whether the device runs this precision natively (fast enough to be worth choosing)."""
+    kind = device.type
+    if precision == "fp32":
+        return True
+    if kind == "cuda":
+        if precision == "bf16":
+            return torch.cuda.is_bf16_supported()
+        return True
+    if kind == "cpu":
+        if precision == "bf16":
+            return cpu_has_native_bf16()
+        return False  # fp16 matmul on CPU is emulated: correct but slow
+    if kind in ("xpu", "hpu"):
+        return True
+    if kind == "mps":
+        return precision == "fp16" or (precision == "bf16" and torch.backends.mps.is_macos_or_newer(14, 0))
+    return False
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX-512 BF16 or AMX on x86, or BF16 on Arm: what oneDNN uses for fast bf16 matmuls."""
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # older torch
+        cap = ""
+    if "AMX" in cap.upper():
+        return True
+    flags = ""
+    with contextlib.suppress(OSError):
+        flags = Path("/proc/cpuinfo").read_text()
+    return any(f in flags for f in ("avx512_bf16", "amx_bf16", " bf16"))
+
+
+def resolve_precision(spec: str, device: torch.device) -> str:
+    """`auto`: bf16 where the device supports it natively, else fp16 on accelerators, else fp32."""
+    spec = (spec or "auto").lower()
+    if spec not in PRECISIONS:
+        raise UserError(f"precision {spec!r}: use one of {', '.join(PRECISIONS)}")
+    if spec != "auto":
+        if spec == "fp16" and device.type == "cpu":
+            # fp16 autocast works on CPU in recent torch but is emulated; allow it, it is the user's call
+            pass
+        return spec
+    if supports(device, "bf16"):
+        return "bf16"
+    if device.type != "cpu" and supports(device, "fp16"):
+        return "fp16"
+    return "fp32"
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for forward passes; a no-op in fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """Dynamic loss scaling for fp16; a disabled scaler (pass-through) for fp32 and bf16."""
+    return torch.amp.GradScaler(device.type, enabled=(precision == "fp16"))
+
+
+def dist_backend(device: torch.device) -> str:
+    return {"cuda": "nccl", "xpu": "xccl", "hpu": "hccl"}.get(device.type, "gloo")
+
+
+def set_device(device: torch.device) -> None:
+    """Make `device` the current one for libraries that use the implicit current device (NCCL)."""
+    if device.type in ("cuda", "xpu") and device.index is not None:
+        getattr(torch, device.type).set_device(device)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type in ("cuda", "xpu", "mps", "hpu"):
+        getattr(torch, device.type).synchronize()
+
+
+def empty_cache(device: torch.device) -> None:
+    if device.type in ("cuda", "xpu", "mps"):
+        getattr(torch, device.type).empty_cache()
+
+
+def max_memory_allocated(device: torch.device) -> int:
+    if device.type in ("cuda", "xpu"):
+        return int(getattr(torch, device.type).max_memory_allocated(device))
+    return 0
+
+
+def device_name(device: torch.device) -> str:
+    if device.type in ("cuda", "xpu"):
+        return str(getattr(torch, device.type).get_device_name(device))
+    if device.type == "cpu":
+        return cpu_model()
+    return device.type
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+# ------------------------------------------------------------------------------------------------ RNG
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every RNG a training step draws from, for exact resume (torch CPU + the accelerator's)."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if device.type in ("cuda", "xpu"):
+        state[device.type] = getattr(torch, device.type).get_rng_state(device)
+    return state
+
+
+def set_rng_state(device: torch.device, state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type != "cpu" and device.type in state:
+        getattr(torch, device.type).set_rng_state(state[device.type], device)
+
+
+# ---------------------------------------------------------------------------------------- matmul peak
+@dataclass
+class Peak:
+    fp32_gflops: float
+    bf16_gflops: float | None
+    fp16_gflops: float | None
+    size: int
+    device: str
+    threads: int
+    bf16_native: bool = False
+
+
+def _cache_path() -> Path:
+    root = Path(os.environ.get("BERTFORGE_CACHE", Path.home() / ".cache" / "bertforge"))
+    return root / "matmul_peak.json"
+
+
+def _measure(device: torch.device, dtype: torch.dtype, max_n: int, seconds: float) -> tuple[float, int]:
+    """Best GFLOP/s of an n x n matmul; n grows from 256 until one product takes >= 20 ms (or max_n), so a
+    dtype the device only emulates (bf16 on a CPU without AVX-512 BF16/AMX) is measured in bounded time."""
+    n = 256
+    while True:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        torch.matmul(a, b)  # warm-up: kernel selection, page faults, clocks
+        synchronize(device)
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize(device)
+        if time.perf_counter() - t0 >= 0.02 or n >= max_n:
+            break
+        n *= 2
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize(device)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e9)
+    return best, n
+
+
+def matmul_peak(device: torch.device, refresh: bool = False, seconds: float = 1.0) -> Peak:
+    """Best dense n x n matmul throughput in GFLOP/s per dtype on `device`, cached per machine setup.
+
+    This is the denominator of every MFU bertforge reports: the peak this machine reaches in practice,
+    not a datasheet number.
+    """
+    threads = torch.get_num_threads()
+    key = f"{device_name(device)}|{device}|torch {torch.__version__}|threads {threads}"
+    path = _cache_path()
+    cache: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        cache = json.loads(path.read_text())
+    if not refresh and key in cache:
+        return Peak(**cache[key])
+    max_n = 4096 if device.type == "cpu" else 8192
+    fp32, n = _measure(device, torch.float32, max_n, seconds)
+    # bf16 is measured even where it is only emulated: the number tells users not to pick it there
+    bf16, _ = _measure(device, torch.bfloat16, max_n, seconds)
+    fp16 = _measure(device, torch.float16, max_n, seconds)[0] if device.type != "cpu" else None
+    peak = Peak(fp32, bf16, fp16, n, str(device), threads, supports(device, "bf16"))
+    cache[key] = peak.__dict__
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(cache, indent=1))
+        tmp.replace(path)
+    return peak
+
+
+def peak_flops(device: torch.device, precision: str) -> float:
+    """FLOP/s denominator for MFU at a training precision (fp16 falls back to bf16's peak, then fp32's)."""
+    peak = matmul_peak(device)
+    gflops = {"fp32": peak.fp32_gflops, "bf16": peak.bf16_gflops, "fp16": peak.fp16_gflops}.get(precision)
+    return (gflops or peak.bf16_gflops or peak.fp32_gflops) * 1e9
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """Temporarily set torch's intra-op thread count (benchmarks)."""
+    old = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def available_devices() -> list[dict[str, Any]]:
+    """Every device type torch can use here, with names and per-precision support."""
+    out = []
+    for kind in DEVICE_TYPES:
+        for i in range(device_count(kind)):
+            dev = torch.device(kind) if kind in ("cpu", "mps") else torch.device(kind, i)
+            out.append({
+                "device": str(dev),
+                "name": device_name(dev),
+                "bf16": supports(dev, "bf16"),
+                "fp16": supports(dev, "fp16"),
+                "memory_gb": _memory_gb(dev),
+            })
+    return out
+
+
+def _memory_gb(device: torch.device) -> float | None:
+    if device.type in ("cuda", "xpu"):
+        return round(getattr(torch, device.type).get_device_properties(device).total_memory / 2**30, 1)
+    if device.type == "cpu":
+        import psutil
+
+        return round(psutil.virtual_memory().total / 2**30, 1)
+    return None

@@ -1,0 +1,13 @@
+"""User-facing errors.
+
+A `UserError` is something the user can fix (a bad path, a bad value, a corrupt file). The CLI prints its
+message as one line and exits with status 2 instead of showing a traceback. Bugs stay ordinary exceptions.
+"""
+
+
+class UserError(Exception):
+    """An error caused by input the user controls; the message says what is wrong and what to do."""
+
+
+class ConfigError(UserError, ValueError):
+    """An invalid configuration value, key or combination."""

@@ -1,0 +1,57 @@
+"""Configuration of `bertforge finetune`: one class for SQuAD and GLUE tasks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bertforge.errors import ConfigError
+
+
+@dataclasses.dataclass
+class FinetuneConfig:
+    """Hyper-parameters of a fine-tuning run (the defaults are BERT's GLUE recipe)."""
+
+    max_seq_len: int = 128
+    """Tokens per sequence (SQuAD: 384)."""
+    doc_stride: int = 128
+    """SQuAD: step between the starts of consecutive context windows."""
+    max_query_len: int = 64
+    """SQuAD: question tokens kept."""
+    n_best: int = 20
+    """SQuAD: start/end candidates considered."""
+    max_answer_len: int = 30
+    """SQuAD: longest answer in tokens."""
+    null_score_diff_threshold: float = 0.0
+    """SQuAD v2.0: predict no answer when null score - best span score exceeds this."""
+    epochs: float = 3.0
+    """Passes over the training set."""
+    lr: float = 2e-5
+    """Peak learning rate of AdamW."""
+    warmup: float = 0.1
+    """Fraction of steps with linear warm-up."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (0 for bias and LayerNorm)."""
+    batch_size: int = 32
+    """Sequences per optimizer update over all devices."""
+    micro_batch_size: int = 32
+    """Sequences per forward/backward on one device."""
+    eval_batch_size: int = 128
+    """Sequences per evaluation batch."""
+    precision: str = "auto"
+    """auto, fp32, bf16 or fp16."""
+    device: str = "auto"
+    """auto, cpu, cuda[:N], xpu, hpu or mps."""
+    seed: int = 42
+    """Seed of the head init, dropout and data order."""
+    output_dir: str = "runs/finetune"
+    """Where the best model, predictions and metrics go."""
+
+    def validate(self) -> None:
+        if self.max_seq_len < 8:
+            raise ConfigError(f"max_seq_len must be at least 8, got {self.max_seq_len}")
+        if self.batch_size % self.micro_batch_size:
+            raise ConfigError(f"batch_size {self.batch_size} is not a multiple of micro_batch_size {self.micro_batch_size}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
+            raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, not {self.precision!r}")
+        if self.epochs <= 0 or self.lr <= 0:
+            raise ConfigError("epochs and lr must be > 0")

@@ -1,0 +1,48 @@
+"""Shared fixtures: offline hub settings, tiny models and tiny corpora built in tmp dirs, ../shared data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data, or skip the test when it is absent (the default suite never needs it)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is absent")
+    return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Keep bertforge's cache (the matmul peak) out of the user's home during tests."""
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "bertforge-cache"))
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path) -> Path:
+    """A few documents of plain English, one sentence per line, a blank line between documents."""
+    docs = []
+    for d in range(12):
+        sents = [
+            f"Document {d} talks about topic number {d % 5} in plain words.",
+            f"The second sentence of document {d} adds a little more detail to it.",
+            "Sentences are short so that tests stay fast on two cores.",
+            f"Numbers like {d * 7} and {d * 13} make the documents differ from each other.",
+            "A final sentence closes the document with a full stop.",
+        ]
+        docs.append("\n".join(sents))
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path

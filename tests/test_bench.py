@@ -1,0 +1,66 @@
+import json
+
+import pytest
+
+from bertforge.bench import harness
+from bertforge.cli import main
+from bertforge.errors import UserError
+
+SPEC = """
+title: harness test
+repeat: 3
+warmup: 0
+benchmarks:
+  - name: short
+    fn: bertforge.bench.selftest:sleep
+    params: {seconds: 0.01}
+  - name: long
+    fn: bertforge.bench.selftest:sleep
+    params: {seconds: 0.03}
+ratios:
+  - {name: long_vs_short, num: long, den: short, metric: wall_s, target: 2.0}
+  - {name: short_vs_long, num: short, den: long, metric: wall_s, target: 0.5, lower_is_better: true}
+"""
+
+
+@pytest.fixture
+def spec(tmp_path):
+    p = tmp_path / "spec.yml"
+    p.write_text(SPEC)
+    return p
+
+
+def test_run_spec_repeats_and_ratios(spec):
+    report = harness.run_spec(harness.load_spec(str(spec)), progress=lambda s: None)
+    short = report["results"][0]["metrics"]
+    assert short["wall_s"]["n"] == 3 and short["slept_s"]["median"] == 0.01
+    assert short["wall_s"]["min"] <= short["wall_s"]["median"] <= short["wall_s"]["max"]
+    r1, r2 = report["ratios"]
+    assert r1["value"] > 2.0 and r1["met"] is True
+    assert r2["value"] < 0.5 and r2["met"] is True
+    md = harness.markdown(report)
+    assert "| long_vs_short | long / short | wall_s |" in md
+
+
+def test_cli_only_and_outputs(spec, tmp_path, capsys):
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    assert main(["bench", "--spec", str(spec), "--only", "short", "--json", str(out_json), "--md", str(out_md),
+                 "--repeat", "1"]) == 0
+    report = json.loads(out_json.read_text())
+    assert [r["name"] for r in report["results"]] == ["short"]
+    assert report["ratios"] == []  # a ratio needs both sides measured in this run
+    assert "short" in out_md.read_text()
+
+
+def test_bad_spec_errors(tmp_path):
+    p = tmp_path / "bad.yml"
+    p.write_text("benchmarks:\n  - name: a\n    fn: x:y\nratios:\n  - {name: r, num: a, den: b, metric: m}\n")
+    with pytest.raises(UserError, match="unknown benchmark 'b'"):
+        harness.load_spec(str(p))
+    with pytest.raises(UserError, match="not found"):
+        harness.load_spec(str(tmp_path / "missing.yml"))
+
+
+def test_only_matching_nothing_is_an_error(spec):
+    with pytest.raises(UserError, match="no benchmark"):
+        harness.run_spec(harness.load_spec(str(spec)), ["zzz"])

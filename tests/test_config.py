@@ -1,0 +1,94 @@
+import dataclasses
+
+import pytest
+
+from bertforge import config as C
+from bertforge.errors import ConfigError
+from bertforge.model.config import MODEL_PRESETS, BertConfig
+
+
+@pytest.mark.parametrize(
+    "kind,name", [(kind, name) for kind in C.CONFIG_KINDS for name in C.list_presets(kind)]
+)
+def test_every_shipped_preset_loads_and_validates(kind, name):
+    cfg = C.load_config(kind, name)
+    assert dataclasses.is_dataclass(cfg)
+
+
+def test_presets_exist_for_every_kind():
+    for kind in C.CONFIG_KINDS:
+        assert C.list_presets(kind), f"no preset for {kind}"
+
+
+def test_override_sets_typed_values():
+    cfg = C.load_config("pretrain", "demo_tiny_128", ["train.max_steps=7", "optim.lr=1e-3", "model.compile=true"])
+    assert cfg.train.max_steps == 7 and isinstance(cfg.train.max_steps, int)
+    assert cfg.optim.lr == pytest.approx(1e-3)
+    assert cfg.model.compile is True
+
+
+def test_unknown_override_key_suggests():
+    with pytest.raises(ConfigError, match=r"did you mean 'max_steps'"):
+        C.load_config("pretrain", "demo_tiny_128", ["train.max_step=7"])
+
+
+def test_unknown_section_suggests():
+    with pytest.raises(ConfigError, match=r"did you mean 'optim'"):
+        C.load_config("pretrain", None, ["optm.lr=1"])
+
+
+def test_bad_value_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"train.max_steps: expected int"):
+        C.load_config("pretrain", "demo_tiny_128", ["train.max_steps=abc"])
+
+
+def test_validation_error_says_what_to_change():
+    with pytest.raises(ConfigError, match=r"not a multiple of train.micro_batch_size"):
+        C.load_config("pretrain", "demo_tiny_128", ["train.global_batch_size=100", "train.micro_batch_size=64"])
+
+
+def test_unknown_key_in_yaml_file(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("train:\n  outptu_dir: x\n")
+    with pytest.raises(ConfigError, match=r"train.outptu_dir.*did you mean 'output_dir'.*x.yaml"):
+        C.load_config("pretrain", path)
+
+
+def test_missing_preset_lists_choices():
+    with pytest.raises(ConfigError, match=r"demo_tiny_128"):
+        C.load_config("pretrain", "demo_tiny_12")
+
+
+def test_bad_model_preset():
+    with pytest.raises(ConfigError, match=r"did you mean 'base'"):
+        C.load_config("pretrain", None, ["model.preset=bse"])
+
+
+def test_field_docs_are_read():
+    docs = C.field_docs(C.ModelConfig)
+    assert "Size preset" in docs["preset"]
+    rows = C.describe(C.config_class("pretrain"))
+    keys = {r[0] for r in rows}
+    for key in ("model.preset", "data.input_dir", "data.eval_dir", "train.output_dir", "train.max_steps",
+                "train.global_batch_size", "train.micro_batch_size", "train.precision", "train.seed",
+                "train.log_every", "train.save_every", "optim.name", "optim.lr", "optim.warmup"):
+        assert key in keys
+    assert all(doc for _, _, doc in rows), "every config field needs a docstring"
+
+
+def test_every_config_field_has_a_docstring():
+    for kind in C.CONFIG_KINDS:
+        for key, _, doc in C.describe(C.config_class(kind)):
+            assert doc, f"{kind}: {key} has no docstring"
+
+
+@pytest.mark.parametrize("name,layers,hidden,heads", [
+    ("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("small", 4, 512, 8),
+    ("medium", 8, 512, 8), ("base", 12, 768, 12), ("large", 24, 1024, 16),
+])
+def test_model_presets(name, layers, hidden, heads):
+    cfg = BertConfig.from_preset(name)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads) == (layers, hidden, heads)
+    assert cfg.intermediate_size == 4 * hidden
+    assert cfg.vocab_size == 30522 and cfg.max_position_embeddings == 512
+    assert set(MODEL_PRESETS) == {"tiny", "mini", "small", "medium", "base", "large"}

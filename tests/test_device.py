@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+from bertforge import device as dev
+from bertforge.errors import UserError
+
+
+def test_auto_resolves_to_an_available_device():
+    d = dev.resolve_device("auto")
+    assert dev.is_available(d.type)
+
+
+def test_cpu_and_errors():
+    assert dev.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(UserError, match="unknown device"):
+        dev.resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="no cuda device"):
+            dev.resolve_device("cuda:0")
+
+
+def test_precision_resolution():
+    cpu = torch.device("cpu")
+    assert dev.resolve_precision("fp32", cpu) == "fp32"
+    assert dev.resolve_precision("auto", cpu) in ("fp32", "bf16")
+    assert dev.resolve_precision("auto", cpu) == ("bf16" if dev.cpu_has_native_bf16() else "fp32")
+    with pytest.raises(UserError):
+        dev.resolve_precision("fp8", cpu)
+
+
+def test_autocast_and_scaler():
+    cpu = torch.device("cpu")
+    with dev.autocast(cpu, "bf16"):
+        y = torch.nn.functional.linear(torch.randn(2, 4), torch.randn(3, 4))
+    assert y.dtype == torch.bfloat16
+    with dev.autocast(cpu, "fp32"):
+        y = torch.nn.functional.linear(torch.randn(2, 4), torch.randn(3, 4))
+    assert y.dtype == torch.float32
+    assert not dev.grad_scaler(cpu, "bf16").is_enabled()
+    assert dev.dist_backend(cpu) == "gloo"
+
+
+def test_rng_state_round_trip():
+    cpu = torch.device("cpu")
+    state = dev.rng_state(cpu)
+    a = torch.rand(3)
+    dev.set_rng_state(cpu, state)
+    assert torch.equal(a, torch.rand(3))
+
+
+def test_matmul_peak_is_cached():
+    cpu = torch.device("cpu")
+    p1 = dev.matmul_peak(cpu, seconds=0.1)
+    p2 = dev.matmul_peak(cpu)
+    assert p1 == p2 and p1.fp32_gflops > 1
+    assert dev.peak_flops(cpu, "fp32") == pytest.approx(p1.fp32_gflops * 1e9)
