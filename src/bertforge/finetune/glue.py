@@ -1,0 +1,165 @@
+"""GLUE: one table of tasks (`GLUE_TASKS`), readers for the official TSV files and for Hugging Face datasets,
+and the per-task evaluation.
+
+The TSV columns follow the reference processors of Google BERT's `run_classifier.py` (and Hugging Face's
+`glue.py`, which copies them): the files in `glue_data/<TASK>/` as `download_glue_data.py` lays them out.
+Fields are tab-separated with no quoting (MRPC and SST-2 sentences contain bare `"`), and a UTF-8 byte-order
+mark at the start of a file (MRPC's train/dev files have one) is dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertforge.errors import UserError
+from bertforge.finetune.metrics import GLUE_METRICS
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    dir: str
+    """Folder under glue_data/."""
+    text_cols: tuple[int, ...]
+    """TSV column of the first (and second) text."""
+    label_col: int
+    """TSV column of the label (-1: last)."""
+    labels: tuple[str, ...] | None
+    """Label strings in class-id order; None for regression."""
+    metrics: tuple[str, ...]
+    """Metrics reported (names in GLUE_METRICS); the first one picks the best checkpoint."""
+    header: bool = True
+    """Whether the TSV files start with a header row."""
+    dev_files: tuple[str, ...] = ("dev.tsv",)
+    """Evaluation files (MNLI: matched and mismatched)."""
+    hf_keys: tuple[str, ...] = ("sentence1", "sentence2")
+    """Text fields of the Hugging Face `glue` dataset config of the same name."""
+    hf_dev_splits: tuple[str, ...] = ("validation",)
+    """Hugging Face split(s) matching dev_files."""
+
+    @property
+    def is_regression(self) -> bool:
+        return self.labels is None
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.labels is None else len(self.labels)
+
+
+# Columns and labels: BERT run_classifier.py processors; metrics: the GLUE paper (Wang et al. 2018), Table 1.
+GLUE_TASKS: dict[str, TaskSpec] = {
+    "cola": TaskSpec("CoLA", (3,), 1, ("0", "1"), ("mcc",), header=False, hf_keys=("sentence",)),
+    "sst2": TaskSpec("SST-2", (0,), 1, ("0", "1"), ("accuracy",), hf_keys=("sentence",)),
+    "mrpc": TaskSpec("MRPC", (3, 4), 0, ("0", "1"), ("f1", "accuracy")),
+    "stsb": TaskSpec("STS-B", (7, 8), -1, None, ("pearson", "spearman")),
+    "qqp": TaskSpec("QQP", (3, 4), 5, ("0", "1"), ("f1", "accuracy"), hf_keys=("question1", "question2")),
+    "mnli": TaskSpec("MNLI", (8, 9), -1, ("contradiction", "entailment", "neutral"), ("accuracy",),
+                     dev_files=("dev_matched.tsv", "dev_mismatched.tsv"), hf_keys=("premise", "hypothesis"),
+                     hf_dev_splits=("validation_matched", "validation_mismatched")),
+    "qnli": TaskSpec("QNLI", (1, 2), -1, ("entailment", "not_entailment"), ("accuracy",),
+                     hf_keys=("question", "sentence")),
+    "rte": TaskSpec("RTE", (1, 2), -1, ("entailment", "not_entailment"), ("accuracy",)),
+    "wnli": TaskSpec("WNLI", (1, 2), -1, ("0", "1"), ("accuracy",)),
+}
+
+
+@dataclasses.dataclass
+class GlueExamples:
+    """Parallel lists: one or two texts per example and a label (class id, or float for regression)."""
+
+    texts: list[tuple[str, ...]]
+    labels: list[float] | list[int]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def get_task(name: str) -> TaskSpec:
+    if name not in GLUE_TASKS:
+        raise UserError(f"--task {name!r}: not a GLUE task; choose one of {', '.join(GLUE_TASKS)}, squad, squad_v2")
+    return GLUE_TASKS[name]
+
+
+def read_tsv(path: str | Path, spec: TaskSpec) -> GlueExamples:
+    """Read one GLUE TSV file into examples; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"GLUE file {path} does not exist; point --train-file/--dev-file at glue_data/{spec.dir}/*.tsv")
+    text = path.read_text(encoding="utf-8-sig")  # utf-8-sig drops a byte-order mark (MRPC has one)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    texts: list[tuple[str, ...]] = []
+    labels: list[Any] = []
+    need = max(max(spec.text_cols), spec.label_col) + 1
+    for lineno, line in enumerate(lines, 1):
+        if spec.header and lineno == 1:
+            continue
+        cols = line.rstrip("\r").split("\t")
+        if len(cols) < need:
+            raise UserError(f"{path}:{lineno}: expected at least {need} tab-separated columns for "
+                            f"{spec.dir}, found {len(cols)}")
+        raw = cols[spec.label_col].strip()
+        if spec.labels is None:
+            try:
+                labels.append(float(raw))
+            except ValueError:
+                raise UserError(f"{path}:{lineno}: label {raw!r} is not a number ({spec.dir} is a regression "
+                                f"task)") from None
+        else:
+            if raw not in spec.labels:
+                raise UserError(f"{path}:{lineno}: label {raw!r} is not one of {', '.join(spec.labels)} "
+                                f"(is this a test file without labels?)")
+            labels.append(spec.labels.index(raw))
+        texts.append(tuple(cols[c] for c in spec.text_cols))
+    return GlueExamples(texts, labels, str(path))
+
+
+def default_files(task: str, data_dir: str | Path) -> tuple[Path, list[Path]]:
+    """train.tsv and the dev file(s) of a task under a `glue_data` directory."""
+    spec = get_task(task)
+    root = Path(data_dir) / spec.dir
+    return root / "train.tsv", [root / f for f in spec.dev_files]
+
+
+def load_hf(task: str, split: str, dataset: str = "glue") -> GlueExamples:
+    """A GLUE split from Hugging Face `datasets` (a local path or cache; the hub when online)."""
+    spec = get_task(task)
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("--dataset needs the `datasets` package: pip install 'bertforge[data]'") from None
+    try:
+        ds = datasets.load_dataset(dataset, task, split=split)
+    except Exception as e:  # offline with nothing cached, unknown name, ...: one line the user can act on
+        raise UserError(f"--dataset {dataset}: cannot load {task}/{split} ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}); when offline, pass --train-file/--dev-file "
+                        f"with glue_data TSV files instead") from None
+    texts = [tuple(row[k] for k in spec.hf_keys) for row in ds]
+    labels: list[Any]
+    if spec.is_regression:
+        labels = [float(row["label"]) for row in ds]
+    else:
+        # HF's ClassLabel order can differ from the TSV label strings (MNLI): map through the label names
+        names = ds.features["label"].names
+        ours = {"not_equivalent": "0", "equivalent": "1", "unacceptable": "0", "acceptable": "1",
+                "negative": "0", "positive": "1", "not_duplicate": "0", "duplicate": "1",
+                "not_entailment": "not_entailment"}
+        mapped = [ours.get(n, n) for n in names]
+        if task == "wnli":
+            mapped = ["0", "1"]
+        labels = [spec.labels.index(mapped[row["label"]]) for row in ds]  # type: ignore[union-attr]
+    return GlueExamples(texts, labels, f"hf:{dataset}/{task}/{split}")
+
+
+def evaluate(task: str, outputs: np.ndarray, labels: Sequence[float]) -> dict[str, float]:
+    """Task metrics from model outputs (logits (N, C), or (N,)/(N, 1) scores for regression)."""
+    spec = get_task(task)
+    outputs = np.asarray(outputs)
+    preds = outputs.reshape(-1) if spec.is_regression else outputs.argmax(-1)
+    y = np.asarray(labels)
+    return {m: GLUE_METRICS[m](preds, y) for m in spec.metrics}
