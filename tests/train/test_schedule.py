@@ -1,0 +1,50 @@
+"""Schedules against tables of hand-computed values (DESIGN §3.5), including the phase-2 offset."""
+
+import pytest
+
+from bertforge.optim.schedule import lr_at, phase_step
+
+# (step, base_lr, max_steps, warmup, kind, expected) — expected written out as the arithmetic by hand
+TABLE = [
+    # poly: warmup 10% of 1000 steps
+    (1, 6e-3, 1000, 0.1, "poly", 6e-3 * 0.001 / 0.1),
+    (50, 6e-3, 1000, 0.1, "poly", 3e-3),
+    (99, 6e-3, 1000, 0.1, "poly", 6e-3 * 0.099 / 0.1),
+    (100, 6e-3, 1000, 0.1, "poly", 6e-3 * 0.9486832980505138),  # sqrt(0.9)
+    (500, 6e-3, 1000, 0.1, "poly", 6e-3 * 0.7071067811865476),  # sqrt(0.5)
+    (1000, 6e-3, 1000, 0.1, "poly", 0.0),
+    # NVIDIA phase 1: lr 6e-3, warmup 0.2843, 7038 steps; warmup ends between step 2000 and 2001
+    (2000, 6e-3, 7038, 0.2843, "poly", 6e-3 * (2000 / 7038) / 0.2843),
+    (2001, 6e-3, 7038, 0.2843, "poly", 6e-3 * (1 - 2001 / 7038) ** 0.5),
+    (7038, 6e-3, 7038, 0.2843, "poly", 0.0),
+    # NVIDIA phase 2: lr 4e-3, warmup 0.128, 1563 steps
+    (100, 4e-3, 1563, 0.128, "poly", 4e-3 * 100 / 200.064),
+    (201, 4e-3, 1563, 0.128, "poly", 4e-3 * (1362 / 1563) ** 0.5),
+    # linear (Google/HF): 10 warmup steps of 100
+    (5, 1e-4, 100, 0.1, "linear", 5e-5),
+    (10, 1e-4, 100, 0.1, "linear", 1e-4),
+    (55, 1e-4, 100, 0.1, "linear", 1e-4 * 45 / 90),
+    (100, 1e-4, 100, 0.1, "linear", 0.0),
+    (0, 1e-4, 100, 0.0, "linear", 1e-4),
+]
+
+
+@pytest.mark.parametrize("step,base,max_steps,warmup,kind,expected", TABLE)
+def test_table(step, base, max_steps, warmup, kind, expected):
+    assert lr_at(step, base, max_steps, warmup, kind) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+def test_phase2_offset():
+    # phase 2 after 7038 phase-1 steps: run-wide step 7138 is phase-2 step 100, on phase 2's own schedule
+    local = phase_step(7038 + 100, phase_offset=7038)
+    assert local == 100
+    assert lr_at(local, 4e-3, 1563, 0.128) == pytest.approx(4e-3 * 100 / 200.064, rel=1e-12)
+    # the phase-1 schedule at that run-wide step would be a different (decayed) value
+    assert lr_at(7138, 6e-3, 7038, 0.2843) == 0.0
+    with pytest.raises(ValueError):
+        phase_step(5, phase_offset=7038)
+
+
+def test_unknown_schedule():
+    with pytest.raises(ValueError, match="poly"):
+        lr_at(1, 1e-3, 10, 0.1, "cosine")
