@@ -1,0 +1,259 @@
+"""SQuAD v1.1 / v2.0: examples, windowed features, n-best postprocessing (DESIGN §3.6).
+
+Features follow Google BERT's `run_squad.py` with a fast tokenizer's character offsets in place of its
+whitespace-token bookkeeping:
+
+- the question is cut to `max_query_len` tokens;
+- the context is split into windows of `max_seq_len - |q| - 3` tokens (BERT: `[CLS] q [SEP] ctx [SEP]`; RoBERTa
+  has one more separator), the next window starting `doc_stride` tokens after the previous one's start (note:
+  Hugging Face tokenizers' `stride` is the *overlap* between windows, not this step);
+- a context token that appears in several windows counts only in the window where it has the most context
+  on both sides (`_check_is_max_context`: min(left, right) + 0.01 x window length);
+- a training answer is mapped to tokens by character offsets: the first token ending after the answer's first
+  character and the last token starting before its end; a window that does not contain the whole answer (and
+  every v2.0 unanswerable question) points at [CLS] (index 0).
+
+Postprocessing: per question, over all its windows, the top `n_best` start and end logits inside the context,
+end >= start, length <= `max_answer_len`, max-context start, score = start + end logit; the text is the slice of
+the original context between the start token's first and the end token's last character. v2.0: the null score
+is the smallest [CLS] start+end over the windows, and the answer is "" when null - best span > threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertforge.errors import UserError
+
+
+@dataclasses.dataclass
+class SquadExample:
+    qid: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]]
+    """(text, character start) of each gold answer; empty for an unanswerable v2.0 question."""
+    is_impossible: bool = False
+
+
+def read_squad(path: str | Path) -> tuple[list[SquadExample], list[dict[str, Any]]]:
+    """Examples of a SQuAD JSON file and its raw `data` list (what the official metric reads)."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        data = raw["data"]
+    except FileNotFoundError:
+        raise UserError(f"SQuAD file {path} does not exist") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a SQuAD JSON file (expected {{'data': [...]}}): {e}") from None
+    examples = []
+    for article in data:
+        for para in article["paragraphs"]:
+            context = para["context"]
+            for qa in para["qas"]:
+                answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
+                examples.append(SquadExample(qa["id"], qa["question"], context, answers,
+                                             bool(qa.get("is_impossible", False))))
+    return examples, data
+
+
+@dataclasses.dataclass
+class Specials:
+    """How a question/context pair is laid out for this tokenizer's model family."""
+
+    cls: int
+    sep: int
+    mid: int
+    """Separators between question and context: 1 for BERT (`[SEP]`), 2 for RoBERTa (`</s></s>`)."""
+    type_ids: bool
+    """Whether the context gets token type 1 (BERT) or all zeros (RoBERTa has no token types)."""
+
+
+def specials_for(tokenizer) -> Specials:
+    if tokenizer.token_to_id("[CLS]") is not None:
+        return Specials(tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]"), 1, True)
+    if tokenizer.token_to_id("<s>") is not None:
+        return Specials(tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>"), 2, False)
+    raise UserError("tokenizer has neither [CLS]/[SEP] (BERT) nor <s>/</s> (RoBERTa) special tokens")
+
+
+def window_starts(n_tokens: int, max_ctx: int, doc_stride: int) -> list[tuple[int, int]]:
+    """(start, length) of each context window: run_squad.py's loop, the step being `doc_stride` tokens."""
+    spans, start = [], 0
+    while True:
+        length = min(max_ctx, n_tokens - start)
+        spans.append((start, length))
+        if start + length >= n_tokens:
+            return spans
+        start += min(length, doc_stride)
+
+
+def max_context_flags(spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+    """For every window, whether each of its tokens has its maximum context in this window."""
+    best: dict[int, tuple[float, int]] = {}
+    for w, (start, length) in enumerate(spans):
+        for pos in range(start, start + length):
+            score = min(pos - start, start + length - 1 - pos) + 0.01 * length
+            if pos not in best or score > best[pos][0]:
+                best[pos] = (score, w)
+    return [np.array([best[p][1] == w for p in range(s, s + n)], dtype=bool) for w, (s, n) in enumerate(spans)]
+
+
+@dataclasses.dataclass
+class SquadFeatures:
+    """One row per window. Sequences have their own lengths (padding happens per batch)."""
+
+    input_ids: list[np.ndarray]
+    token_type_ids: list[np.ndarray]
+    example_index: np.ndarray
+    """Index into the example list of the question each window belongs to."""
+    ctx_offset: np.ndarray
+    """Position of the first context token in the sequence."""
+    offsets: list[np.ndarray]
+    """(n_ctx, 2) character span in the context of each context token of the window."""
+    max_context: list[np.ndarray]
+    """(n_ctx,) bool: the token's score counts in this window."""
+    start_positions: np.ndarray
+    end_positions: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.input_ids])
+
+
+def _encode_unique(tokenizer, texts: Sequence[str]) -> dict[str, Any]:
+    """Encode each distinct text once (a paragraph's context is shared by its ~5 questions)."""
+    unique = list(dict.fromkeys(texts))
+    encs = tokenizer.encode_batch(unique, add_special_tokens=False)
+    return dict(zip(unique, encs))
+
+
+def make_features(examples: Sequence[SquadExample], tokenizer, max_seq_len: int = 384, doc_stride: int = 128,
+                  max_query_len: int = 64, training: bool = False) -> SquadFeatures:
+    sp = specials_for(tokenizer)
+    contexts = _encode_unique(tokenizer, [e.context for e in examples])
+    questions = _encode_unique(tokenizer, [e.question for e in examples])
+    f = SquadFeatures([], [], [], [], [], [], [], [])
+    ex_idx, ctx_off, starts, ends = [], [], [], []
+    for i, ex in enumerate(examples):
+        q_ids = questions[ex.question].ids[:max_query_len]
+        c_enc = contexts[ex.context]
+        c_ids = np.asarray(c_enc.ids, dtype=np.int64)
+        c_offsets = np.asarray(c_enc.offsets, dtype=np.int64).reshape(-1, 2)  # (n_ctx, 2)
+        max_ctx = max_seq_len - len(q_ids) - 2 - sp.mid
+        if max_ctx <= 0:
+            raise UserError(f"max_seq_len {max_seq_len} leaves no room for the context after a {len(q_ids)}-token "
+                            f"question; raise max_seq_len or lower max_query_len")
+        spans = window_starts(len(c_ids), max_ctx, doc_stride)
+        flags = max_context_flags(spans)
+        tok_start = tok_end = -1
+        if training and ex.answers and not ex.is_impossible:
+            text, char_start = ex.answers[0]
+            char_end = char_start + len(text)
+            # first token ending after the answer starts, last token starting before it ends
+            inside = np.nonzero((c_offsets[:, 1] > char_start) & (c_offsets[:, 0] < char_end))[0]
+            if len(inside):
+                tok_start, tok_end = int(inside[0]), int(inside[-1])
+        head = [sp.cls, *q_ids] + [sp.sep] * sp.mid
+        for (start, length), flag in zip(spans, flags):
+            ids = np.asarray(head + c_ids[start:start + length].tolist() + [sp.sep], dtype=np.int64)
+            types = np.zeros(len(ids), dtype=np.int64)
+            if sp.type_ids:
+                types[len(head):] = 1
+            f.input_ids.append(ids)
+            f.token_type_ids.append(types)
+            f.offsets.append(c_offsets[start:start + length])
+            f.max_context.append(flag)
+            ex_idx.append(i)
+            ctx_off.append(len(head))
+            s = e = 0
+            if tok_start >= start and tok_end < start + length:
+                s, e = tok_start - start + len(head), tok_end - start + len(head)
+            starts.append(s)
+            ends.append(e)
+    f.example_index = np.asarray(ex_idx, dtype=np.int64)
+    f.ctx_offset = np.asarray(ctx_off, dtype=np.int64)
+    f.start_positions = np.asarray(starts, dtype=np.int64)
+    f.end_positions = np.asarray(ends, dtype=np.int64)
+    return f
+
+
+def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start_logits: Sequence[np.ndarray],
+                end_logits: Sequence[np.ndarray], n_best: int = 20, max_answer_len: int = 30,
+                version_2: bool = False, null_score_diff_threshold: float = 0.0
+                ) -> tuple[dict[str, str], dict[str, list[dict[str, Any]]], dict[str, float]]:
+    """(predictions, nbest, null_odds) from per-feature logits (each a (len(feature),) array, in feature order).
+
+    null_odds (v2.0) is null score - best span score per question: the `na_probs` the official v2 script's
+    best-threshold search takes.
+    """
+    by_example: dict[int, list[int]] = {}
+    for fi, ei in enumerate(features.example_index):
+        by_example.setdefault(int(ei), []).append(fi)
+    predictions: dict[str, str] = {}
+    nbest_out: dict[str, list[dict[str, Any]]] = {}
+    null_odds: dict[str, float] = {}
+    for ei, ex in enumerate(examples):
+        cands: list[tuple[float, float, float, int, int]] = []  # (score, start logit, end logit, char s, char e)
+        null_score = math.inf
+        for fi in by_example.get(ei, []):
+            s_log, e_log = np.asarray(start_logits[fi]), np.asarray(end_logits[fi])
+            null_score = min(null_score, float(s_log[0] + e_log[0]))
+            c0 = int(features.ctx_offset[fi])
+            n_ctx = len(features.offsets[fi])
+            cs, ce = s_log[c0:c0 + n_ctx], e_log[c0:c0 + n_ctx]  # context part only, (n_ctx,)
+            k = min(n_best, n_ctx)
+            top_s = np.argsort(-cs, kind="stable")[:k]
+            top_e = np.argsort(-ce, kind="stable")[:k]
+            S, E = np.meshgrid(top_s, top_e, indexing="ij")  # (k, k) candidate pairs
+            ok = (E >= S) & (E - S + 1 <= max_answer_len) & features.max_context[fi][S]
+            for a, b in zip(S[ok].tolist(), E[ok].tolist()):
+                off = features.offsets[fi]
+                cands.append((float(cs[a] + ce[b]), float(cs[a]), float(ce[b]), int(off[a, 0]), int(off[b, 1])))
+        cands.sort(key=lambda c: -c[0])
+        seen, entries = set(), []
+        for score, sl, el, c_s, c_e in cands:
+            text = ex.context[c_s:c_e]
+            if text in seen:  # several windows propose the same span
+                continue
+            seen.add(text)
+            entries.append({"text": text, "score": score, "start_logit": sl, "end_logit": el})
+            if len(entries) >= n_best:
+                break
+        if version_2 and null_score < math.inf:
+            entries.append({"text": "", "score": null_score, "start_logit": null_score / 2, "end_logit": null_score / 2})
+            entries.sort(key=lambda d: -d["score"])
+        if not entries:
+            entries = [{"text": "", "score": 0.0, "start_logit": 0.0, "end_logit": 0.0}]
+        scores = np.array([d["score"] for d in entries])
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        for d, p in zip(entries, probs):
+            d["probability"] = float(p)
+        nbest_out[ex.qid] = entries
+        best_span = next((d for d in entries if d["text"]), None)
+        if not version_2:
+            predictions[ex.qid] = entries[0]["text"]
+        else:
+            diff = null_score - (best_span["score"] if best_span else -math.inf)
+            null_odds[ex.qid] = float(diff) if math.isfinite(diff) else 1e9
+            predictions[ex.qid] = "" if best_span is None or diff > null_score_diff_threshold else best_span["text"]
+    return predictions, nbest_out, null_odds
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Atomic JSON write (temporary name, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)
