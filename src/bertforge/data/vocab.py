@@ -1,0 +1,206 @@
+"""WordPiece vocabularies: train one with Hugging Face `tokenizers`, or load a vocab.txt / tokenizer.json.
+
+A trained vocab keeps BERT's layout of special tokens: `[PAD]` = 0, then the optional `[unusedN]` slots, then
+`[UNK] [CLS] [SEP] [MASK]` (bert-base-uncased has [PAD]=0, [unused0..98], [UNK]=100, [CLS]=101, [SEP]=102,
+[MASK]=103). Both files are written: `vocab.txt` (one token per line, the id is the line number, what Google
+and NVIDIA read) and `tokenizer.json` (what `tokenizers`/`transformers` load, normalizer included).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from bertforge.errors import UserError
+
+BERT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+# RoBERTa-style BPE tokenizers name the same roles differently
+ROBERTA_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>", "mask": "<mask>"}
+
+
+def read_vocab_txt(path: str | os.PathLike) -> dict[str, int]:
+    """token -> id from a vocab.txt (id = line number; duplicate lines keep their first id)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise UserError(f"vocab {path} is not UTF-8 text ({e}); give a vocab.txt with one token per line") from e
+    if lines and lines[-1] == "":
+        lines.pop()
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(lines):
+        vocab.setdefault(tok.rstrip("\r"), i)
+    return vocab
+
+
+def _guess_lowercase(path: Path, vocab: dict[str, int]) -> bool:
+    name = path.name.lower()
+    if "uncased" in name:
+        return True
+    if "cased" in name:
+        return False
+    # an uncased vocab has no upper-case letters outside the [SPECIAL] tokens
+    return not any(any(c.isupper() for c in t) for t in vocab if not (t.startswith("[") and t.endswith("]")))
+
+
+def wordpiece_from_vocab(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
+    """A BERT WordPiece tokenizer (normalizer, pre-tokenizer, model, post-processor) over `vocab`."""
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    # BertNormalizer: clean control chars, split CJK chars, lower-case + strip accents when uncased (Google BERT)
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    if "[CLS]" in vocab and "[SEP]" in vocab:
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+        )
+    return tok
+
+
+def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> Tokenizer:
+    """A `tokenizers.Tokenizer` from a vocab.txt, a tokenizer.json, or a directory holding one.
+
+    A directory prefers tokenizer.json. For a vocab.txt, `lowercase=None` guesses from the file name
+    ("uncased"/"cased") and otherwise from the tokens. A tokenizer.json carries its own normalizer, so
+    `lowercase` is ignored for it. The vocab must contain [CLS], [SEP] and [MASK] (or <s>, </s>, <mask>).
+    """
+    path = Path(path)
+    if path.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise UserError(f"vocab directory {path} has neither tokenizer.json nor vocab.txt")
+    if not path.is_file():
+        raise UserError(f"vocab {path} does not exist; give a vocab.txt, a tokenizer.json or a directory holding one")
+    if path.suffix == ".json":
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a plain Exception on malformed JSON
+            raise UserError(f"{path} is not a valid tokenizer.json ({e})") from e
+    else:
+        vocab = read_vocab_txt(path)
+        if lowercase is None:
+            lowercase = _guess_lowercase(path, vocab)
+        tok = wordpiece_from_vocab(vocab, lowercase)
+    special_ids(tok, source=path)  # raises when [CLS]/[SEP]/[MASK] are missing
+    return tok
+
+
+def special_ids(tok: Tokenizer, source: str | os.PathLike = "the vocab") -> dict[str, int]:
+    """Ids of pad/unk/cls/sep/mask ([PAD] ... or RoBERTa's <pad> ...); an error when cls/sep/mask are missing."""
+    vocab = tok.get_vocab()
+    for names in (BERT_SPECIALS, ROBERTA_SPECIALS):
+        if all(names[r] in vocab for r in ("cls", "sep", "mask")):
+            ids = {role: vocab[t] for role, t in names.items() if t in vocab}
+            ids.setdefault("pad", 0)
+            return ids
+    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in vocab]
+    raise UserError(
+        f"vocab {source} lacks the special tokens {', '.join(missing)}; BERT pre-training needs [CLS], [SEP] "
+        "and [MASK] - use a BERT vocab or train one with `bertforge data vocab`"
+    )
+
+
+def continuation_table(tok: Tokenizer) -> np.ndarray:
+    """bool [vocab_size]: True where a token continues the previous word (whole-word masking).
+
+    WordPiece marks continuations with "##" (Google BERT's whole-word masking joins them to the previous
+    word); byte-level BPE marks word starts with "Ġ" instead, so there every other non-special token continues.
+    """
+    vocab = tok.get_vocab()
+    table = np.zeros(max(vocab.values()) + 1, dtype=bool)
+    model = tok.model
+    if isinstance(model, models.WordPiece):
+        prefix = model.continuing_subword_prefix or "##"
+        for t, i in vocab.items():
+            table[i] = t.startswith(prefix) and len(t) > len(prefix)
+    elif isinstance(model, models.BPE):
+        specials = set(ROBERTA_SPECIALS.values()) | set(BERT_SPECIALS.values())
+        for t, i in vocab.items():
+            table[i] = not t.startswith("Ġ") and t not in specials
+    return table
+
+
+def vocab_hash(path: str | os.PathLike) -> str:
+    """sha256 of the vocab file (of tokenizer.json/vocab.txt when given a directory)."""
+    path = Path(path)
+    if path.is_dir():
+        path = next(p for p in (path / "vocab.txt", path / "tokenizer.json") if p.is_file())
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> Path:
+    """Write vocab.txt (tokens in id order) and tokenizer.json into `out_dir`, atomically; returns the dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = tok.get_vocab()
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise UserError(f"tokenizer ids are not contiguous 0..{len(by_id) - 1}; cannot write {out / 'vocab.txt'}")
+    _atomic_write_text(out / "vocab.txt", "".join(t + "\n" for t, _ in by_id))
+    _atomic_write_text(out / "tokenizer.json", tok.to_str(pretty=True))
+    return out
+
+
+def iter_document_lines(paths: Iterable[Path]) -> Iterator[str]:
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield line
+
+
+def train_wordpiece(
+    files: Iterable[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    vocab_size: int = 30522,
+    lowercase: bool = True,
+    unused_tokens: int = 0,
+    min_frequency: int = 2,
+) -> Tokenizer:
+    """Train a BERT WordPiece vocab on text files (one sentence per line) and save it to `out_dir`."""
+    files = [Path(f) for f in files]
+    if not files:
+        raise UserError("no document files to train a vocab on; run `bertforge data docs` or `data wiki` first")
+    specials = ["[PAD]"] + [f"[unused{i}]" for i in range(unused_tokens)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    if vocab_size <= len(specials) + 26:
+        raise UserError(f"vocab_size {vocab_size} is too small for {len(specials)} special tokens plus an alphabet")
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=specials,
+        continuing_subword_prefix="##",
+        show_progress=False,
+    )
+    tok.train_from_iterator(iter_document_lines(files), trainer=trainer)
+    vocab = tok.get_vocab()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    save_tokenizer(tok, out_dir)
+    return tok
