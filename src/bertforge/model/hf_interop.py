@@ -1,0 +1,316 @@
+"""Hugging Face checkpoint interop (DESIGN §3.7): load BERT / RoBERTa directories, save directories that
+`transformers`' Auto classes load with identical outputs.
+
+One declarative name map (`NAME_MAP`): per model type, (our prefix, Hugging Face prefix, tasks) rows. Inside
+encoder layers the only renaming is the fused QKV projection (`attention.qkv` <-> `attention.self.{query,key,
+value}`). Rules, all errors naming the key:
+- a checkpoint key that no row maps is an error (never silently skipped);
+- a mapped key that belongs to another task's head (e.g. NSP weights when loading for QA) is ignored, as
+  `transformers` does, and listed in `model.hf_load_info["ignored"]`;
+- a missing encoder key is an error; a missing head key is an error unless `allow_missing_head=True`
+  (starting a fine-tuning head from a pre-trained encoder), then it keeps its fresh init and is listed in
+  `model.hf_load_info["initialised"]`;
+- every shape is checked.
+
+Checkpoint variants handled: `model.safetensors`, `pytorch_model.bin` (torch.load(weights_only=True)), NVIDIA
+DeepLearningExamples / Habana checkpoints (`{"model": state_dict}` in a `.pt`/`.bin`, keys prefixed `module.`
+or `model.`, TF-era `gamma`/`beta` LayerNorm names, the vocab padded to a multiple of 8: 30522 -> 30528, in
+which case the model keeps the padded rows), and encoder-only checkpoints without the `bert.` prefix
+(`BertModel`, e.g. sentence-transformers' all-MiniLM-L6-v2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertforge.errors import UserError
+from bertforge.model.bert import ACTIVATIONS, BertForTask, build_model
+from bertforge.model.config import BertConfig
+from bertforge.model.heads import TASK_HEADS
+
+_SEQ = ("classification", "regression")
+
+# (our prefix, Hugging Face prefix, tasks this row applies to (None = all)); first match wins, so more
+# specific Hugging Face prefixes come first.
+NAME_MAP: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
+    "bert": [
+        ("bert.embeddings.", "bert.embeddings.", None),
+        ("bert.encoder.", "bert.encoder.", None),
+        ("bert.pooler.", "bert.pooler.", None),
+        ("cls.predictions.transform.", "cls.predictions.transform.", None),
+        ("cls.predictions.bias", "cls.predictions.bias", None),
+        ("cls.seq_relationship.", "cls.seq_relationship.", None),
+        ("qa_outputs.", "qa_outputs.", None),
+        ("classifier.", "classifier.", None),
+    ],
+    "roberta": [
+        ("bert.embeddings.", "roberta.embeddings.", None),
+        ("bert.encoder.", "roberta.encoder.", None),
+        # RobertaClassificationHead is dense -> tanh -> out_proj on <s>: BERT's pooler + classifier
+        ("bert.pooler.dense.", "classifier.dense.", _SEQ),
+        ("classifier.", "classifier.out_proj.", _SEQ),
+        ("classifier.", "classifier.", ("token_classification",)),
+        ("cls.predictions.transform.dense.", "lm_head.dense.", None),
+        ("cls.predictions.transform.LayerNorm.", "lm_head.layer_norm.", None),
+        ("cls.predictions.bias", "lm_head.bias", None),
+        ("qa_outputs.", "qa_outputs.", None),
+    ],
+}
+# Keys that are known and carry nothing to load: tied copies (checked), buffers, RoBERTa's unused pooler.
+TIED_DECODER = {"bert": "cls.predictions.decoder.", "roberta": "lm_head.decoder."}
+BUFFERS = re.compile(r"\.(position_ids|token_type_ids)$")  # non-persistent in new transformers, saved by old
+OTHER_HEADS = {  # heads of other tasks: ignored when the model being loaded has no such module
+    "bert": re.compile(r"^(bert\.pooler|classifier|cls|qa_outputs)\."),
+    "roberta": re.compile(r"^(roberta\.pooler|classifier|lm_head|qa_outputs)\."),
+}
+_QKV = re.compile(r"^(.*\.layer\.\d+\.attention\.)self\.(query|key|value)\.(weight|bias)$")
+_OUR_QKV = re.compile(r"^(.*\.layer\.\d+\.attention\.)qkv\.(weight|bias)$")
+_ENCODER = ("bert.embeddings.", "bert.encoder.")
+
+
+# ------------------------------------------------------------------------------------------- config
+def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConfig:
+    """A Hugging Face config dict -> BertConfig (unknown keys are ignored; unsupported variants are errors)."""
+    model_type = raw.get("model_type", "bert")
+    if model_type not in ("bert", "roberta"):
+        raise UserError(f"{source}: model_type {model_type!r} is not supported; bertforge loads bert and roberta")
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise UserError(f"{source}: position_embedding_type {raw['position_embedding_type']!r} is not supported "
+                        "(only absolute)")
+    if raw.get("hidden_act", "gelu") not in ACTIVATIONS:
+        raise UserError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported; one of {', '.join(ACTIVATIONS)}")
+    fields = BertConfig.__dataclass_fields__
+    kw = {k: raw[k] for k in fields if k in raw and raw[k] is not None}
+    kw["model_type"] = model_type
+    if model_type == "roberta":
+        kw.setdefault("pad_token_id", 1)
+        kw.setdefault("layer_norm_eps", 1e-5)
+    return BertConfig(**kw)
+
+
+def config_to_hf(config: BertConfig, task: str, num_labels: int) -> dict[str, Any]:
+    spec = TASK_HEADS[task]
+    arch = spec.hf_roberta if config.model_type == "roberta" else spec.hf_bert
+    out: dict[str, Any] = {"architectures": [arch], **config.to_dict(), "tie_word_embeddings": True,
+                           "position_embedding_type": "absolute"}
+    if config.model_type == "roberta":
+        out.update(bos_token_id=0, eos_token_id=2)
+    if task in ("classification", "regression", "token_classification"):
+        n = spec.fixed_labels or num_labels
+        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(n)}
+        out["label2id"] = {f"LABEL_{i}": i for i in range(n)}
+        if task == "regression":
+            out["problem_type"] = "regression"
+        elif task == "classification":
+            out["problem_type"] = "single_label_classification"
+    return out
+
+
+# ------------------------------------------------------------------------------------------- reading
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint file: safetensors, or a torch pickle read with weights_only (never runs code)."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is the file's problem
+        raise UserError(f"{path}: cannot be read as a weights-only torch checkpoint ({e})") from None
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # NVIDIA DeepLearningExamples .pt
+        obj = obj["model"]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise UserError(f"{path}: not a state dict of tensors")
+    return dict(obj)
+
+
+def _weights_file(path: Path) -> Path:
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return path / name
+    pts = sorted(path.glob("*.pt"))
+    if len(pts) == 1:
+        return pts[0]
+    raise UserError(f"{path}: no model.safetensors or pytorch_model.bin (or a single .pt NVIDIA checkpoint) found")
+
+
+def normalise_keys(sd: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
+    """Strip DDP/wrapper prefixes, rename TF-era gamma/beta, prefix bare encoder keys with bert./roberta."""
+    out = {}
+    base = "roberta." if model_type == "roberta" else "bert."
+    for key, value in sd.items():
+        k = key
+        while k.startswith(("module.", "model.")):
+            k = k.split(".", 1)[1]
+        k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
+        k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
+        if k.startswith(("embeddings.", "encoder.", "pooler.")):
+            k = base + k
+        if k in out:
+            raise UserError(f"checkpoint key {key!r} collides with another key after normalisation ({k!r})")
+        out[k] = value
+    return out
+
+
+def hf_to_ours(key: str, model_type: str, task: str) -> str | None:
+    """Our name for a (normalised) Hugging Face key, or None when no row of NAME_MAP covers it."""
+    m = _QKV.match(key)
+    if m:  # one third of the fused projection; the caller joins q, k, v
+        key = f"{m[1]}qkv.{m[3]}"
+    for ours, hf, tasks in NAME_MAP[model_type]:
+        if (tasks is None or task in tasks) and key.startswith(hf):
+            return ours + key[len(hf):]
+    return None
+
+
+def ours_to_hf(key: str, model_type: str, task: str) -> str:
+    for ours, hf, tasks in NAME_MAP[model_type]:
+        if (tasks is None or task in tasks) and key.startswith(ours):
+            return hf + key[len(ours):]
+    raise UserError(f"parameter {key!r} has no Hugging Face name for a {model_type} {task} model")
+
+
+# ------------------------------------------------------------------------------------------- loading
+def load_pretrained(path: str | os.PathLike, task: str, num_labels: int = 2, attention: str = "auto",
+                    allow_missing_head: bool = False, activation_checkpointing: bool = False,
+                    config_overrides: dict[str, Any] | None = None) -> tuple[BertForTask, BertConfig]:
+    """Build `task`'s model from a Hugging Face-format directory (config.json + weights).
+
+    `allow_missing_head`: heads (and the pooler) absent from the checkpoint keep their fresh init (fine-tuning
+    from a pre-trained encoder); encoder weights must always be present. `config_overrides`: BertConfig
+    fields to replace (dropout rates for fine-tuning).
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path}: not a Hugging Face model directory (no config.json)")
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise UserError(f"{path / 'config.json'}: invalid JSON ({e})") from None
+    config = config_from_hf({**raw, **(config_overrides or {})}, str(path / "config.json"))
+    wfile = _weights_file(path)
+    sd = normalise_keys(read_state_dict(wfile), config.model_type)
+    rows = _word_rows(sd, config.model_type, wfile)
+    if rows is not None and rows != config.vocab_size:
+        # NVIDIA/Habana pad the vocab to a multiple of 8 (30522 -> 30528); keep the padded rows
+        if rows > config.vocab_size and rows % 8 == 0 and rows - config.vocab_size < 8:
+            config = BertConfig(**{**config.to_dict(), "vocab_size": rows})
+        else:
+            raise UserError(f"{wfile}: word embeddings have {rows} rows but config.json says vocab_size "
+                            f"{config.vocab_size}")
+    model = build_model(config, task, num_labels, attention, activation_checkpointing)
+    load_hf_state_dict(model, sd, allow_missing_head=allow_missing_head, source=str(wfile))
+    return model, config
+
+
+def _word_rows(sd, model_type, source) -> int | None:
+    key = ("roberta." if model_type == "roberta" else "bert.") + "embeddings.word_embeddings.weight"
+    return sd[key].shape[0] if key in sd else None
+
+
+def load_hf_state_dict(model: BertForTask, sd: dict[str, torch.Tensor], allow_missing_head: bool = False,
+                       source: str = "checkpoint") -> None:
+    """Copy a normalised Hugging Face state dict into `model` following NAME_MAP (rules in the module doc)."""
+    mt, task = model.config.model_type, model.task
+    ours = model.state_dict()
+    loaded: dict[str, torch.Tensor] = {}
+    qkv_parts: dict[str, dict[str, torch.Tensor]] = {}
+    ignored, tied = [], {}
+    for key, value in sd.items():
+        if key.startswith(TIED_DECODER[mt]):
+            tied[key[len(TIED_DECODER[mt]):]] = value
+            continue
+        if BUFFERS.search(key):
+            ignored.append(key)
+            continue
+        name = hf_to_ours(key, mt, task)
+        if name is None or name not in ours:
+            if OTHER_HEADS[mt].match(key) and not (name or "").startswith(_ENCODER):
+                ignored.append(key)  # another task's head, or RoBERTa's unused pooler
+                continue
+            what = "has no counterpart in bertforge's model" if name else "is not in the name map"
+            raise UserError(f"{source}: key {key!r} {what} (model_type {mt}, task {task})")
+        m = _QKV.match(key)
+        if m:
+            qkv_parts.setdefault(name, {})[m[2]] = value
+            continue
+        loaded[name] = value
+    for name, parts in qkv_parts.items():
+        if set(parts) != {"query", "key", "value"}:
+            missing = sorted({"query", "key", "value"} - set(parts))
+            raise UserError(f"{source}: {name} is missing its {', '.join(missing)} part(s)")
+        loaded[name] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)  # (3H, H) / (3H,)
+    word = loaded.get("bert.embeddings.word_embeddings.weight")
+    if "weight" in tied and word is not None and not torch.equal(tied["weight"], word):
+        raise UserError(f"{source}: the MLM decoder weight differs from the word embeddings; bertforge ties "
+                        "them (as BERT does) and cannot load an untied decoder")
+    if "bias" in tied and "cls.predictions.bias" in ours and "cls.predictions.bias" not in loaded:
+        loaded["cls.predictions.bias"] = tied["bias"]
+    for name, value in loaded.items():
+        if tuple(value.shape) != tuple(ours[name].shape):
+            raise UserError(f"{source}: {name} has shape {tuple(value.shape)}, the model expects "
+                            f"{tuple(ours[name].shape)} (check config.json / num_labels)")
+    missing = [k for k in ours if k not in loaded]
+    enc_missing = [k for k in missing if k.startswith(_ENCODER)]
+    if enc_missing:
+        raise UserError(f"{source}: encoder weight(s) missing from the checkpoint: {', '.join(enc_missing[:5])}"
+                        + (" ..." if len(enc_missing) > 5 else ""))
+    if missing and not allow_missing_head:
+        raise UserError(f"{source}: head weight(s) missing for task {task}: {', '.join(missing)}; pass "
+                        "allow_missing_head=True to start them from a fresh init (fine-tuning)")
+    with torch.no_grad():
+        for name, value in loaded.items():
+            ours[name].copy_(value.to(ours[name].dtype))
+    model.hf_load_info = {"ignored": ignored, "initialised": missing}
+
+
+# ------------------------------------------------------------------------------------------- saving
+def hf_state_dict(model: BertForTask) -> dict[str, torch.Tensor]:
+    """Our weights under Hugging Face names, QKV split; the tied decoder is left to `transformers` to tie."""
+    mt, task = model.config.model_type, model.task
+    out = {}
+    for name, value in model.state_dict().items():
+        value = value.detach().cpu().contiguous()
+        m = _OUR_QKV.match(name)
+        if m:
+            hf_prefix = ours_to_hf(m[1], mt, task)
+            for part, chunk in zip(("query", "key", "value"), value.chunk(3, dim=0)):
+                out[f"{hf_prefix}self.{part}.{m[2]}"] = chunk.clone()
+            continue
+        out[ours_to_hf(name, mt, task)] = value
+    return out
+
+
+def save_pretrained(model: BertForTask, config: BertConfig, path: str | os.PathLike, task: str | None = None) -> Path:
+    """Write config.json + model.safetensors that `transformers` Auto classes load; atomic (temp dir + rename)."""
+    from safetensors.torch import save_file
+
+    task = task or model.task
+    if task != model.task:
+        raise UserError(f"save_pretrained: the model was built for task {model.task!r}, not {task!r}")
+    spec = TASK_HEADS[task]
+    if config.model_type == "roberta" and spec.hf_roberta is None:
+        raise UserError(f"transformers has no RoBERTa class for task {task!r} (no NSP head); save task mlm instead")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config_to_hf(config, task, model.num_labels), indent=2) + "\n",
+                                     encoding="utf-8")
+    if path.exists():  # replace an older save: move it aside first, so a crash leaves one complete copy
+        old = path.with_name(f".{path.name}.old{os.getpid()}")
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(path)
+    return path
