@@ -1,0 +1,176 @@
+"""`bertforge export`, `bertforge serve` and `bertforge predict`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from bertforge.errors import UserError
+
+SERVE_TASKS = ("qa", "classify", "fill-mask")
+
+
+# ------------------------------------------------------------------------------------------------ export
+def export_add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="Hugging Face-format model directory (config.json + weights)")
+    p.add_argument("--format", required=True, choices=("hf", "onnx"), help="output format")
+    p.add_argument("--out", required=True, help="output directory (written atomically)")
+    p.add_argument("--task", default=None,
+                   help="head to export: qa | classify | fill-mask (or a model head name); default: config.json's "
+                        "architectures")
+    p.add_argument("--init-head", action="store_true",
+                   help="allow the head to be missing from the checkpoint and start it from a fresh, seeded init "
+                        "(a pre-trained encoder; for smoke tests and serving benchmarks)")
+    p.add_argument("--num-labels", type=int, default=None, help="labels of a fresh classification head")
+    p.add_argument("--seed", type=int, default=0, help="seed of a fresh head")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="ONNX: largest allowed |onnxruntime - PyTorch|")
+
+
+def export_run(args: argparse.Namespace) -> int:
+    from bertforge.serve import export
+
+    if args.format == "hf":
+        out = export.export_hf(args.model, args.out, args.task, init_head=args.init_head,
+                               num_labels=args.num_labels, seed=args.seed)
+        print(f"wrote {out} (Hugging Face format)")
+    else:
+        if args.num_labels is not None:
+            raise UserError("--num-labels applies to --format hf; export the HF directory first, then ONNX")
+        res = export.export_onnx(args.model, args.out, args.task, opset=args.opset, tolerance=args.tolerance,
+                                 init_head=args.init_head, seed=args.seed)
+        print(f"wrote {res['path']} (head {res['head']}; onnxruntime vs PyTorch max |diff| {res['max_abs_diff']:.2g})")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ serve
+def serve_add(p: argparse.ArgumentParser) -> None:
+    from bertforge.serve.server import ServeConfig
+    from bertforge.serve.tasks import Limits
+
+    sc, lim = ServeConfig(), Limits()
+    p.add_argument("--model", action="append", required=True,
+                   help="model directory; repeat --model/--task pairs to serve several tasks from one server")
+    p.add_argument("--task", action="append", required=True, choices=SERVE_TASKS,
+                   help="task of the --model at the same position (Triton model names: qa, classify, fill_mask)")
+    p.add_argument("--host", default=sc.host, help="address to bind (loopback unless told otherwise)")
+    p.add_argument("--http-port", type=int, default=sc.http_port)
+    p.add_argument("--grpc-port", type=int, default=sc.grpc_port)
+    p.add_argument("--metrics-port", type=int, default=sc.metrics_port)
+    p.add_argument("--max-batch", type=int, default=sc.max_batch,
+                   help="most rows per model call (Triton max_batch_size); requests with more rows are refused")
+    p.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=sc.dynamic_batching,
+                   help="let Triton gather queued requests into one model call")
+    p.add_argument("--max-queue-delay-us", type=int, default=sc.max_queue_delay_us,
+                   help="longest wait to gather a bigger batch")
+    p.add_argument("--instances", type=int, default=sc.instances, help="model instances per task")
+    p.add_argument("--max-seq-len", type=int, default=lim.max_seq_len,
+                   help="tokens per model row (QA windows, classification cut; longer fill-mask text is refused)")
+    p.add_argument("--doc-stride", type=int, default=lim.doc_stride, help="QA: tokens between window starts")
+    p.add_argument("--max-request-bytes", type=int, default=lim.max_request_bytes,
+                   help="UTF-8 bytes of text per request; larger requests are refused")
+    p.add_argument("--top-k", type=int, default=lim.top_k, help="fill-mask: candidates per [MASK]")
+    p.add_argument("--access-token", default=os.environ.get("BERTFORGE_ACCESS_TOKEN"),
+                   help="token for Triton's restricted endpoints (statistics, model repository, ...), sent by "
+                        "clients as the triton-access-token header; default $BERTFORGE_ACCESS_TOKEN or a random "
+                        "one, printed at start")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--log-verbose", type=int, default=0, help="Triton log verbosity")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def serve_run(args: argparse.Namespace) -> int:
+    import torch
+
+    from bertforge.serve import server
+    from bertforge.serve.tasks import Limits, Predictor
+
+    if len(args.model) != len(args.task):
+        raise UserError(f"give one --task per --model ({len(args.model)} models, {len(args.task)} tasks)")
+    if len(set(args.task)) != len(args.task):
+        raise UserError("each task can be served once per server")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = server.ServeConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+                             metrics_port=args.metrics_port, max_batch=args.max_batch,
+                             dynamic_batching=args.dynamic_batching, max_queue_delay_us=args.max_queue_delay_us,
+                             instances=args.instances, access_token=args.access_token, log_verbose=args.log_verbose)
+    limits = Limits(max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
+                    max_request_bytes=args.max_request_bytes, top_k=args.top_k)
+    predictors = [(t, Predictor.from_dir(t, m, limits)) for m, t in zip(args.model, args.task)]
+    triton = server.start(predictors, cfg)
+    # SIGTERM stops Triton as Ctrl-C does (no orphaned tritonserver)
+    signal.signal(signal.SIGTERM, _interrupt)
+    names = ", ".join(server.TASKS[t].model_name for t in args.task)
+    print(f"bertforge serve: models {names} ready; http {cfg.host}:{cfg.http_port}, grpc {cfg.host}:{cfg.grpc_port}, "
+          f"metrics {cfg.host}:{cfg.metrics_port}; batching "
+          f"{'dynamic, max ' + str(cfg.max_batch) + ' rows, ' + str(cfg.max_queue_delay_us) + ' us' if cfg.dynamic_batching else 'off'}",
+          flush=True)
+    if args.access_token is None:
+        print(f"bertforge serve: access token {server.access_token(triton)}", flush=True)
+    try:
+        triton.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        triton.stop()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ predict
+def predict_add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", required=True, choices=SERVE_TASKS)
+    p.add_argument("--url", default="127.0.0.1:8000", help="server address host:port (HTTP, or gRPC with --grpc)")
+    p.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
+    p.add_argument("--question", action="append", help="qa: a question (repeat for a batch)")
+    p.add_argument("--context", action="append", help="qa: its context (one per --question)")
+    p.add_argument("--text", action="append", help="classify / fill-mask: a text (repeat for a batch)")
+    p.add_argument("--text-pair", action="append", help="classify: the second sentence (one per --text)")
+    p.add_argument("--jsonl", default=None,
+                   help="read rows from a JSON-lines file (keys: question+context | text [+text_pair]); '-' = stdin")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server")
+
+
+def predict_run(args: argparse.Namespace) -> int:
+    from bertforge.serve.client import Client, rows_as_json, server_message
+    from bertforge.serve.tasks import TASKS
+
+    spec = TASKS[args.task]
+    cols: dict[str, list[str]] = {}
+    if args.jsonl:
+        f = sys.stdin if args.jsonl == "-" else open(args.jsonl, encoding="utf-8")
+        with f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise UserError(f"{args.jsonl} line {n}: not JSON ({e})") from None
+                for io in spec.inputs:
+                    if io.name in row:
+                        cols.setdefault(io.name, []).append(str(row[io.name]))
+    else:
+        given = {"question": args.question, "context": args.context, "text": args.text, "text_pair": args.text_pair}
+        cols = {io.name: given[io.name] for io in spec.inputs if given.get(io.name)}
+    missing = [io.name for io in spec.inputs if not io.optional and io.name not in cols]
+    if missing:
+        raise UserError(f"task {args.task} needs --{' --'.join(m.replace('_', '-') for m in missing)} (or --jsonl)")
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        with Client(args.url, "grpc" if args.grpc else "http", timeout_s=args.timeout) as c:
+            out = c.infer(args.task, **cols)
+    except InferenceServerException as e:
+        raise UserError(f"server at {args.url} refused the request: {server_message(e)}") from None
+    except (ConnectionError, OSError) as e:
+        raise UserError(f"cannot reach a server at {args.url} ({e}); start one with `bertforge serve`") from None
+    for row in rows_as_json(args.task, out):
+        print(json.dumps(row, ensure_ascii=False))
+    return 0

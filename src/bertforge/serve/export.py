@@ -1,0 +1,221 @@
+"""`bertforge export`: a model directory as a Hugging Face directory or as ONNX.
+
+Both read a Hugging Face-format directory (what `bertforge finetune` writes; BERT or RoBERTa) through
+`bertforge.model.hf_interop.load_pretrained`, and copy the tokenizer files beside the result, so the output
+is self-contained for `bertforge serve` (HF) or any ONNX runtime.
+
+ONNX: one graph per head with dynamic batch and sequence axes, exported with PyTorch's TorchScript-based
+exporter (`dynamo=False`; the dynamo exporter needs onnxscript). Inputs `input_ids`, `attention_mask`,
+`token_type_ids` (int64, (batch, sequence)); fill-mask adds `masked_positions` (int64, (batch, masks)).
+Outputs: qa `start_logits`, `end_logits` (batch, sequence); classification/regression `logits`
+(batch, labels); mlm `logits` (batch, masks, vocab). Every export is checked: onnxruntime must match PyTorch
+within `tolerance` (1e-4) on a batch with padding, or the export fails and nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertforge.errors import UserError
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "merges.txt", "vocab.json", "tokenizer_config.json",
+                   "special_tokens_map.json")
+
+# Hugging Face architecture (config.json "architectures") -> our task head
+ARCH_TASKS = {"ForQuestionAnswering": "qa", "ForSequenceClassification": "classification",
+              "ForMaskedLM": "mlm", "ForPreTraining": "pretraining", "ForTokenClassification": "token_classification"}
+
+# serving task names (bertforge serve --task) -> model heads
+SERVE_HEADS = {"qa": "qa", "classify": "classification", "fill-mask": "mlm"}
+
+ONNX_OUTPUTS = {"qa": ["start_logits", "end_logits"], "classification": ["logits"], "regression": ["logits"],
+                "token_classification": ["logits"], "mlm": ["logits"]}
+
+
+def detect_head(model_dir: Path) -> str:
+    """The model head named by config.json's architectures (e.g. BertForQuestionAnswering -> qa)."""
+    try:
+        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{model_dir} has no config.json; pass a Hugging Face model directory") from None
+    for arch in raw.get("architectures") or []:
+        for suffix, head in ARCH_TASKS.items():
+            if arch.endswith(suffix):
+                if head == "classification" and raw.get("problem_type") == "regression":
+                    return "regression"
+                return head
+    raise UserError(f"{model_dir}/config.json names no task head in 'architectures' "
+                    f"({raw.get('architectures')}); pass --task")
+
+
+def resolve_head(model_dir: Path, task: str | None) -> str:
+    if task is None:
+        return detect_head(model_dir)
+    return SERVE_HEADS.get(task, task)
+
+
+def num_labels_of(model_dir: Path) -> int:
+    raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    return len(raw.get("id2label") or {}) or int(raw.get("num_labels", 2))
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move a finished temporary directory into place (atomic for readers: old or new, never half)."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old{os.getpid()}")
+        out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out)
+
+
+def _tmp_dir(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def load(model_dir: Path, head: str, init_head: bool = False, seed: int = 0, num_labels: int | None = None,
+         attention: str = "auto"):
+    from bertforge.model.hf_interop import load_pretrained
+
+    if num_labels is None:
+        num_labels = num_labels_of(model_dir) if head in ("classification", "token_classification") else 2
+    torch.manual_seed(seed)  # the fresh head of --init-head is reproducible
+    model, config = load_pretrained(model_dir, head, num_labels=num_labels, attention=attention,
+                                    allow_missing_head=init_head)
+    return model.eval(), config
+
+
+def export_hf(model_dir: str | Path, out: str | Path, task: str | None = None, init_head: bool = False,
+              num_labels: int | None = None, seed: int = 0) -> Path:
+    """Re-write `model_dir` as config.json + model.safetensors + tokenizer files in `out`.
+
+    `init_head`: the task head may be missing from the checkpoint (a pre-trained encoder such as a
+    sentence-embedding model) and gets a fresh, seeded init; for smoke tests and serving benchmarks.
+    """
+    from bertforge.model.hf_interop import save_pretrained
+
+    model_dir, out = Path(model_dir), Path(out)
+    head = resolve_head(model_dir, task)
+    model, config = load(model_dir, head, init_head, seed, num_labels)
+    tmp = _tmp_dir(out)
+    try:
+        save_pretrained(model, config, tmp / "model", head)
+        for f in (tmp / "model").iterdir():
+            f.rename(tmp / f.name)
+        (tmp / "model").rmdir()
+        copy_tokenizer(model_dir, tmp)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+class _OnnxWrapper(torch.nn.Module):
+    """Positional tensors in, a tuple of tensors out: what torch.onnx.export traces."""
+
+    def __init__(self, model: torch.nn.Module, head: str):
+        super().__init__()
+        self.model, self.head = model, head
+
+    def forward(self, input_ids, attention_mask, token_type_ids, masked_positions=None):
+        if self.head == "mlm":
+            out = self.model(input_ids, attention_mask, token_type_ids, masked_positions=masked_positions)
+            B, P = masked_positions.shape
+            return (out.mlm_logits.view(B, P, -1),)  # (B*P, V) -> (B, P, V)
+        out = self.model(input_ids, attention_mask, token_type_ids)
+        return tuple(getattr(out, n) for n in ONNX_OUTPUTS[self.head])
+
+
+def sample_inputs(config, head: str, batch: int = 3, seq: int = 17, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A batch with padding (row i has seq - 3i real tokens) for tracing and for the parity check."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, config.vocab_size, (batch, seq), generator=g)  # (B, T)
+    am = torch.ones(batch, seq, dtype=torch.long)
+    for i in range(batch):
+        am[i, max(2, seq - 3 * i):] = 0
+    ids = ids * am
+    tt = torch.zeros(batch, seq, dtype=torch.long)
+    tt[:, seq // 2:] = 1 if config.type_vocab_size > 1 else 0
+    tt = tt * am
+    x = {"input_ids": ids, "attention_mask": am, "token_type_ids": tt}
+    if head == "mlm":
+        x["masked_positions"] = torch.tensor([[1, 3], [2, 0], [4, 5]][:batch] + [[1, 2]] * max(0, batch - 3))
+    return x
+
+
+def onnx_parity(path: Path, model: torch.nn.Module, head: str, inputs: dict[str, torch.Tensor]) -> float:
+    """Largest |onnxruntime - PyTorch| over the outputs on `inputs`."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    got = sess.run(None, {k: v.numpy() for k, v in inputs.items() if k in names})
+    with torch.inference_mode():
+        want = _OnnxWrapper(model, head).eval()(**inputs)
+    return max(float(np.abs(g - w.float().numpy()).max()) for g, w in zip(got, want))
+
+
+def export_onnx(model_dir: str | Path, out: str | Path, task: str | None = None, opset: int = 17,
+                tolerance: float = 1e-4, init_head: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Write `out/model.onnx` (+ config.json, tokenizer files); returns {"path", "max_abs_diff"}."""
+    model_dir, out = Path(model_dir), Path(out)
+    head = resolve_head(model_dir, task)
+    if head not in ONNX_OUTPUTS:
+        raise UserError(f"ONNX export supports heads {', '.join(ONNX_OUTPUTS)}, not {head!r}")
+    # eager attention: plain matmul/softmax ops that every ONNX runtime has
+    model, config = load(model_dir, head, init_head, seed, attention="eager")
+    x = sample_inputs(config, head)
+    in_names = list(x)
+    out_names = ONNX_OUTPUTS[head]
+    axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in
+                                       ("input_ids", "attention_mask", "token_type_ids")}
+    if head == "mlm":
+        axes["masked_positions"] = {0: "batch", 1: "masks"}
+        axes["logits"] = {0: "batch", 1: "masks"}
+    elif head in ("qa", "token_classification"):
+        axes.update({n: {0: "batch", 1: "sequence"} for n in out_names})
+    else:
+        axes["logits"] = {0: "batch"}
+    tmp = _tmp_dir(out)
+    try:
+        path = tmp / "model.onnx"
+        with torch.inference_mode(False), torch.no_grad():
+            # an eval-mode wrapper: the exporter restores the wrapper's mode recursively afterwards, and a
+            # fresh (training-mode) wrapper would switch the model's dropout back on
+            torch.onnx.export(_OnnxWrapper(model, head).eval(), tuple(x.values()), str(path), input_names=in_names,
+                              output_names=out_names, dynamic_axes=axes, opset_version=opset, dynamo=False)
+        # check on a different shape than the traced one: the axes really are dynamic
+        diff = max(onnx_parity(path, model, head, x),
+                   onnx_parity(path, model, head, sample_inputs(config, head, batch=2, seq=29, seed=1)))
+        if not diff <= tolerance:
+            raise UserError(f"ONNX export of {model_dir} differs from PyTorch by {diff:.3g} (> {tolerance}); "
+                            "nothing was written")
+        shutil.copy2(model_dir / "config.json", tmp / "config.json")
+        copy_tokenizer(model_dir, tmp)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"path": str(out / "model.onnx"), "max_abs_diff": diff, "head": head}

@@ -1,0 +1,341 @@
+"""What each served task does with strings: validate, tokenise, run the model, postprocess.
+
+`Predictor` is plain Python + torch, independent of Triton: the Triton functions in `server.py` call it, and
+the tests call it in-process to check the server's answers. Every batch is padded to its own longest row, not
+to `max_seq_len`. Invalid input raises `RequestError` whose message names the input, the row and the fix.
+
+The table `TASKS` names, for each task, the Triton model name, the model head and the documented inputs and
+outputs (docs/serving.md describes the same table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from bertforge.errors import UserError
+
+
+class RequestError(ValueError):
+    """A request the server refuses; the message is sent back to the client as it is."""
+
+
+@dataclasses.dataclass(frozen=True)
+class IOSpec:
+    name: str
+    dtype: str
+    """Triton datatype: BYTES (UTF-8 strings), FP32, INT64."""
+    shape: tuple[int, ...]
+    """Per-row shape (the batch dimension is implied); -1 is variable."""
+    doc: str
+    optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    model_name: str
+    """Triton model name."""
+    head: str
+    """Task name for `bertforge.model.hf_interop.load_pretrained`."""
+    inputs: tuple[IOSpec, ...]
+    outputs: tuple[IOSpec, ...]
+
+
+TASKS: dict[str, TaskSpec] = {
+    "qa": TaskSpec(
+        "qa", "qa",
+        inputs=(IOSpec("question", "BYTES", (1,), "the question (UTF-8); longer than max_query_length tokens is cut"),
+                IOSpec("context", "BYTES", (1,), "the passage to answer from (UTF-8); long passages are windowed")),
+        outputs=(IOSpec("answer", "BYTES", (1,), "the answer text, a span of the context"),
+                 IOSpec("score", "FP32", (1,), "start + end logit of the best span"))),
+    "classify": TaskSpec(
+        "classify", "classification",
+        inputs=(IOSpec("text", "BYTES", (1,), "the sentence (UTF-8)"),
+                IOSpec("text_pair", "BYTES", (1,), "optional second sentence of a pair task", optional=True)),
+        outputs=(IOSpec("label", "BYTES", (1,), "the predicted label's name (config.json id2label)"),
+                 IOSpec("label_id", "INT64", (1,), "the predicted label's index"),
+                 IOSpec("probabilities", "FP32", (-1,), "softmax over the labels, in label-id order"))),
+    "fill-mask": TaskSpec(
+        "fill_mask", "mlm",
+        inputs=(IOSpec("text", "BYTES", (1,), "text with one or more [MASK] tokens (UTF-8)"),),
+        outputs=(IOSpec("tokens", "BYTES", (-1, -1), "per [MASK] (in order) the top-k tokens; rows of a request "
+                        "with fewer masks than its longest row are padded with empty strings"),
+                 IOSpec("token_ids", "INT64", (-1, -1), "the top-k token ids (padding: -1)"),
+                 IOSpec("scores", "FP32", (-1, -1), "their softmax probabilities (padding: 0)"))),
+}
+
+
+@dataclasses.dataclass
+class Limits:
+    """Bounds on what one request may ask for (all configurable on `bertforge serve`)."""
+
+    max_seq_len: int = 384
+    """Tokens per model row: QA windows and classification inputs are cut to it; fill-mask text over it is refused."""
+    max_request_bytes: int = 65536
+    """UTF-8 bytes of all strings of one request together; a larger request is refused."""
+    max_query_length: int = 64
+    """QA: question tokens kept (SQuAD: 64)."""
+    doc_stride: int = 128
+    """QA: tokens between the starts of consecutive context windows."""
+    max_answer_length: int = 30
+    """QA: longest answer in tokens (SQuAD: 30)."""
+    n_best_size: int = 20
+    """QA: start/end candidates considered per window (SQuAD: 20)."""
+    top_k: int = 5
+    """fill-mask: candidates returned per [MASK]."""
+
+    def __post_init__(self) -> None:
+        if self.max_seq_len < 8:
+            raise UserError(f"max_seq_len {self.max_seq_len} is too small (at least 8)")
+        if self.max_request_bytes < 1:
+            raise UserError("max_request_bytes must be positive")
+        if self.max_query_length + 3 >= self.max_seq_len:
+            raise UserError(f"max_query_length {self.max_query_length} leaves no room for context in "
+                            f"max_seq_len {self.max_seq_len}")
+
+
+def decode_strings(name: str, arr: Any, *, allow_empty: bool = False) -> list[str]:
+    """Rows of a BYTES input (shape (B,) or (B, 1)) as strings; refuses non-UTF-8 and empty rows."""
+    a = np.asarray(arr, dtype=object)
+    if a.ndim == 2 and a.shape[1] == 1:
+        a = a[:, 0]
+    if a.ndim != 1:
+        raise RequestError(f"input {name!r} must have shape [batch, 1], got {list(np.shape(arr))}")
+    out = []
+    for i, v in enumerate(a):
+        if isinstance(v, str):
+            s = v
+        else:
+            try:
+                s = bytes(v).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RequestError(f"input {name!r} row {i} is not valid UTF-8 ({e.reason} at byte {e.start}); "
+                                   "send UTF-8 text") from None
+            except TypeError:
+                raise RequestError(f"input {name!r} row {i} is not a string") from None
+        if not allow_empty and not s.strip():
+            raise RequestError(f"input {name!r} row {i} is empty; send non-empty text")
+        out.append(s)
+    return out
+
+
+def check_request_bytes(texts: dict[str, list[str]], limit: int) -> None:
+    total = sum(len(s.encode("utf-8")) for rows in texts.values() for s in rows)
+    if total > limit:
+        raise RequestError(f"request holds {total} bytes of text, over the server's limit of {limit} "
+                           "(bertforge serve --max-request-bytes); send shorter text or fewer rows")
+
+
+def load_tokenizer(model_dir: str | Path):
+    """The model directory's tokenizer (tokenizer.json or vocab.txt), as a `tokenizers.Tokenizer`."""
+    from bertforge.data.vocab import load_tokenizer as _load
+
+    tok = _load(model_dir)
+    # a tokenizer.json may carry its own truncation/padding (sentence-transformers exports pad and cut to 128);
+    # windowing and per-batch padding are ours to do, so switch both off
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def _special(tok, *names: str) -> int:
+    for n in names:
+        i = tok.token_to_id(n)
+        if i is not None:
+            return int(i)
+    raise UserError(f"the tokenizer has none of the special tokens {names}")
+
+
+def read_labels(model_dir: str | Path) -> list[str] | None:
+    """Label names from config.json's id2label (in id order), or None."""
+    p = Path(model_dir) / "config.json"
+    if not p.is_file():
+        return None
+    cfg = json.loads(p.read_text(encoding="utf-8"))
+    id2label = cfg.get("id2label")
+    if not id2label:
+        return None
+    return [str(id2label[k]) for k in sorted(id2label, key=lambda k: int(k))]
+
+
+class Predictor:
+    """One model + tokenizer for one task; `__call__(inputs)` maps decoded string inputs to output arrays."""
+
+    def __init__(self, task: str, model: torch.nn.Module, tokenizer, limits: Limits,
+                 labels: Sequence[str] | None = None, max_positions: int = 512, type_vocab_size: int = 2):
+        if task not in TASKS:
+            raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        self.task, self.spec, self.model, self.tok, self.limits = task, TASKS[task], model.eval(), tokenizer, limits
+        if limits.max_seq_len > max_positions:
+            raise UserError(f"max_seq_len {limits.max_seq_len} is over the model's {max_positions} positions")
+        self.labels = list(labels) if labels else None
+        self.use_token_types = type_vocab_size > 1
+        self.cls = _special(tokenizer, "[CLS]", "<s>")
+        self.sep = _special(tokenizer, "[SEP]", "</s>")
+        self.pad = _special(tokenizer, "[PAD]", "<pad>")
+        self.mask = _special(tokenizer, "[MASK]", "<mask>") if task == "fill-mask" else None
+        self.mask_token = tokenizer.id_to_token(self.mask) if self.mask is not None else None
+
+    @classmethod
+    def from_dir(cls, task: str, model_dir: str | Path, limits: Limits | None = None) -> "Predictor":
+        from bertforge.model.hf_interop import load_pretrained
+
+        if task not in TASKS:
+            raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        model_dir = Path(model_dir)
+        if not (model_dir / "config.json").is_file():
+            raise UserError(f"{model_dir} has no config.json; pass a Hugging Face model directory "
+                            "(what `bertforge finetune` or `bertforge export --format hf` writes)")
+        labels = read_labels(model_dir) if task == "classify" else None
+        num_labels = len(labels) if labels else 2
+        model, config = load_pretrained(model_dir, TASKS[task].head, num_labels=num_labels)
+        if task == "classify" and labels is None:
+            labels = [f"LABEL_{i}" for i in range(num_labels)]
+        return cls(task, model, load_tokenizer(model_dir), limits or Limits(), labels,
+                   max_positions=config.max_position_embeddings - (config.pad_token_id + 1
+                                                                   if config.model_type == "roberta" else 0),
+                   type_vocab_size=config.type_vocab_size)
+
+    # ---------------------------------------------------------------- shared
+    def _forward(self, rows: list[list[int]], types: list[list[int]], **extra) -> Any:
+        """Run the model on rows padded to the batch's own longest row."""
+        T = max(len(r) for r in rows)
+        ids = torch.full((len(rows), T), self.pad, dtype=torch.long)  # (B, T)
+        tt = torch.zeros((len(rows), T), dtype=torch.long)
+        am = torch.zeros((len(rows), T), dtype=torch.long)
+        for i, (r, t) in enumerate(zip(rows, types)):
+            ids[i, : len(r)] = torch.as_tensor(r)
+            tt[i, : len(t)] = torch.as_tensor(t)
+            am[i, : len(r)] = 1
+        kw = {"input_ids": ids, "attention_mask": am, **extra}
+        if self.use_token_types:
+            kw["token_type_ids"] = tt
+        with torch.inference_mode():
+            return self.model(**kw)
+
+    def encode(self, inputs: dict[str, list[str]]) -> list[Any]:
+        """Validate one request's decoded inputs and turn each row into what `predict` takes."""
+        check_request_bytes(inputs, self.limits.max_request_bytes)
+        return {"qa": self._encode_qa, "classify": self._encode_classify,
+                "fill-mask": self._encode_fill_mask}[self.task](inputs)
+
+    def predict(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
+        """One model call for rows of any number of requests; one output dict (no batch dim) per row."""
+        return {"qa": self._predict_qa, "classify": self._predict_classify,
+                "fill-mask": self._predict_fill_mask}[self.task](rows)
+
+    def __call__(self, inputs: dict[str, list[str]]) -> dict[str, np.ndarray]:
+        """In-process use: one request in, batched outputs out (what the server returns for it)."""
+        return stack_outputs(self.task, self.predict(self.encode(inputs)))
+
+    # ---------------------------------------------------------------- classify
+    def encode_pair(self, a: str, b: str | None) -> tuple[list[int], list[int]]:
+        """[CLS] a [SEP] (b [SEP]), the longer side cut first to fit max_seq_len (BERT's GLUE truncation)."""
+        ta = self.tok.encode(a, add_special_tokens=False).ids
+        tb = self.tok.encode(b, add_special_tokens=False).ids if b else []
+        budget = self.limits.max_seq_len - (3 if b else 2)
+        while len(ta) + len(tb) > budget:
+            if len(ta) >= len(tb):
+                ta.pop()
+            else:
+                tb.pop()
+        ids = [self.cls, *ta, self.sep] + ([*tb, self.sep] if b else [])
+        types = [0] * (len(ta) + 2) + ([1] * (len(tb) + 1) if b else [])
+        return ids, types
+
+    def _encode_classify(self, inputs: dict[str, list[str]]) -> list[Any]:
+        texts, pairs = inputs["text"], inputs.get("text_pair")
+        if pairs is not None and len(pairs) != len(texts):
+            raise RequestError(f"inputs 'text' and 'text_pair' have {len(texts)} and {len(pairs)} rows; send one "
+                               "text_pair per text")
+        return [self.encode_pair(t, pairs[i] if pairs else None) for i, t in enumerate(texts)]
+
+    def _predict_classify(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
+        out = self._forward([r[0] for r in rows], [r[1] for r in rows])
+        probs = torch.softmax(out.logits.float(), dim=-1).numpy()  # (B, num_labels)
+        res = []
+        for p in probs:
+            i = int(p.argmax())
+            name = self.labels[i] if self.labels and i < len(self.labels) else str(i)
+            res.append({"label": np.array([name.encode()], dtype=object), "label_id": np.array([i], np.int64),
+                        "probabilities": p.astype(np.float32)})
+        return res
+
+    # ---------------------------------------------------------------- fill-mask
+    def _encode_fill_mask(self, inputs: dict[str, list[str]]) -> list[Any]:
+        rows = []
+        for i, t in enumerate(inputs["text"]):
+            ids = [self.cls, *self.tok.encode(t, add_special_tokens=False).ids, self.sep]
+            if len(ids) > self.limits.max_seq_len:
+                raise RequestError(f"input 'text' row {i} is {len(ids)} tokens, over the server's limit of "
+                                   f"{self.limits.max_seq_len} (bertforge serve --max-seq-len)")
+            pos = [j for j, x in enumerate(ids) if x == self.mask]
+            if not pos:
+                raise RequestError(f"input 'text' row {i} has no {self.mask_token} token; put {self.mask_token} "
+                                   "where a word should be predicted")
+            rows.append((ids, pos))
+        return rows
+
+    def _predict_fill_mask(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
+        P = max(len(pos) for _, pos in rows)
+        mp = torch.zeros((len(rows), P), dtype=torch.long)  # (B, P); 0 = empty slot ([CLS] is never predicted)
+        for i, (_, pos) in enumerate(rows):
+            mp[i, : len(pos)] = torch.as_tensor(pos)
+        out = self._forward([r[0] for r in rows], [[0] * len(r[0]) for r in rows], masked_positions=mp)
+        probs = torch.softmax(out.mlm_logits.float(), dim=-1).view(len(rows), P, -1)  # (B*P, V) -> (B, P, V)
+        k = min(self.limits.top_k, probs.shape[-1])
+        top_p, top_i = probs.topk(k, dim=-1)  # (B, P, k)
+        res = []
+        for i, (_, pos) in enumerate(rows):
+            n = len(pos)
+            ids = top_i[i, :n].numpy().astype(np.int64)  # (n_masks, k)
+            toks = np.array([[(self.tok.id_to_token(int(t)) or "").encode() for t in r] for r in ids], dtype=object)
+            res.append({"tokens": toks, "token_ids": ids, "scores": top_p[i, :n].numpy().astype(np.float32)})
+        return res
+
+    # ---------------------------------------------------------------- qa
+    def _encode_qa(self, inputs: dict[str, list[str]]) -> list[Any]:
+        questions, contexts = inputs["question"], inputs["context"]
+        if len(questions) != len(contexts):
+            raise RequestError(f"inputs 'question' and 'context' have {len(questions)} and {len(contexts)} rows; "
+                               "send one context per question")
+        return list(zip(questions, contexts))
+
+    def _predict_qa(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
+        # the fine-tuning code's windowing and n-best postprocessing, unchanged (DESIGN §3.6)
+        from bertforge.finetune.squad import SquadExample, make_features, postprocess
+
+        lim = self.limits
+        examples = [SquadExample(str(i), q, c, []) for i, (q, c) in enumerate(rows)]
+        feats = make_features(examples, self.tok, max_seq_len=lim.max_seq_len, doc_stride=lim.doc_stride,
+                              max_query_len=lim.max_query_length)
+        out = self._forward([f.tolist() for f in feats.input_ids], [t.tolist() for t in feats.token_type_ids])
+        start, end = out.start_logits.float().numpy(), out.end_logits.float().numpy()  # (F, T)
+        n = feats.lengths
+        _, nbest, _ = postprocess(examples, feats, [s[:k] for s, k in zip(start, n)], [e[:k] for e, k in zip(end, n)],
+                                  n_best=lim.n_best_size, max_answer_len=lim.max_answer_length)
+        best = [nbest[ex.qid][0] for ex in examples]
+        return [{"answer": np.array([b["text"].encode()], dtype=object), "score": np.array([b["score"]], np.float32)}
+                for b in best]
+
+
+def stack_outputs(task: str, rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-row outputs of one request as batched arrays; fill-mask pads rows to the request's most masks."""
+    out = {}
+    for spec in TASKS[task].outputs:
+        arrs = [r[spec.name] for r in rows]
+        if task == "fill-mask":
+            P, k = max(a.shape[0] for a in arrs), arrs[0].shape[1]
+            fill = {"tokens": b"", "token_ids": -1, "scores": 0.0}[spec.name]
+            padded = np.full((len(arrs), P, k), fill, dtype=arrs[0].dtype)
+            for i, a in enumerate(arrs):
+                padded[i, : a.shape[0]] = a
+            out[spec.name] = padded
+        else:
+            out[spec.name] = np.stack(arrs)
+    return out
