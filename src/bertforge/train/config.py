@@ -16,6 +16,13 @@ class PretrainDataConfig:
     """Directory of training shards (ours, NVIDIA-format, packed or dynamic-masking)."""
     eval_dir: str | None = None
     """Directory of held-out shards for periodic MLM/NSP evaluation (None: no evaluation)."""
+    vocab: str | None = None
+    """vocab.txt, tokenizer.json or a directory holding one: sets the vocab size and is copied into every
+    checkpoint's model directory (None: the vocab named by the shards' manifest.json, if any)."""
+    eval_batches: int = 50
+    """Evaluate on at most this many micro-batches of data.eval_dir (0: all of it)."""
+    chunk_rows: int = 2048
+    """Rows read from a shard at a time (one HDF5 slice; rows are shuffled within it)."""
     num_workers: int = 2
     """Data-loader worker processes per rank (0: load in the training process)."""
     prefetch: int = 4
@@ -24,6 +31,8 @@ class PretrainDataConfig:
     def validate(self) -> None:
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if self.eval_batches < 0 or self.chunk_rows < 1:
+            raise ConfigError("data.eval_batches must be >= 0 and data.chunk_rows >= 1")
         if self.prefetch < 1:
             raise ConfigError(f"data.prefetch must be >= 1, got {self.prefetch}")
 
@@ -56,6 +65,12 @@ class TrainConfig:
     """Keep the newest K checkpoints."""
     max_nonfinite_steps: int = 20
     """Stop after this many non-finite steps in a row."""
+    stop_after_steps: int = 0
+    """End this process after this many updates of the phase (0: run to max_steps), with a checkpoint: for
+    time-limited cluster jobs that continue with --resume (the schedule still spans max_steps)."""
+    init_checkpoint: str | None = None
+    """Phase 2: a phase-1 checkpoint (step_N dir or its run dir) whose weights and optimizer moments start this
+    phase, with the step reset and this config's schedule. A --resume in this phase's output_dir wins over it."""
 
     def validate(self) -> None:
         for name in ("max_steps", "global_batch_size", "micro_batch_size", "log_every", "save_every",

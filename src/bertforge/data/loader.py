@@ -1,0 +1,410 @@
+"""The pre-training data loader: HDF5 shards → micro-batches, per rank, resumable, in worker processes.
+
+Reads the three shard kinds of DESIGN §3.2/§3.3: NVIDIA-format (masks stored), dynamic-masking (unmasked pairs;
+masked here, a fresh draw every epoch, with `instances.mask_tokens`) and packed (several sequences per row).
+
+**Lanes.** An update consumes `lanes = global_batch / micro_batch` micro-batches. Each lane is an endless,
+deterministic stream of rows; rank r owns lanes [r·accum, (r+1)·accum) and takes one micro-batch from each per
+update. The lanes, and so the data of every update, depend only on the seed and the shard set — not on the
+world size — which is why 2 processes with accumulation 1 see exactly what 1 process with accumulation 2 sees.
+Every lane reads only its own pieces (whole shards, or row ranges of shards when there are fewer shards than
+lanes): each rank reads its own part of the data.
+
+**Order.** For lane l in its epoch e: its pieces in a seeded random order; each piece read in chunks of
+`chunk_rows` contiguous rows (one HDF5 slice read: gzip chunks are decompressed once, never per row), chunks in
+a seeded random order, rows shuffled within the chunk.
+
+**Resume.** The cursor is one integer: micro-batches taken per lane (every update takes one from each lane,
+skipped non-finite updates too). Position (epoch, offset) is recomputed from it and the shard row counts;
+nothing is pickled.
+
+**Workers.** `PretrainLoader` wraps an IterableDataset in `torch.utils.data.DataLoader`: worker w builds the
+rank's items w, w+W, w+2W, … and the DataLoader returns them in order, prefetching `prefetch` per worker.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from bertforge.errors import UserError
+
+# field names of the NVIDIA schema (DESIGN §3.2) and the packed schema (§3.3)
+NVIDIA_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+               "next_sentence_labels")
+_ROW_KEYS = {"input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions", "masked_lm_ids",
+             "next_sentence_positions", "next_sentence_labels", "next_sentence_weights"}
+PACKED_KEYS = ("input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions", "masked_lm_ids",
+               "next_sentence_positions", "next_sentence_labels", "next_sentence_weights")
+
+
+def shard_files(directory: str | Path) -> list[Path]:
+    """HDF5 shards of a directory, sorted numerically by the digits in their names."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"shard directory {directory} does not exist; run `bertforge data shards` or "
+                        "`bertforge data prepare` first, or fix data.input_dir")
+    try:
+        from bertforge.data.shards import list_shards
+
+        files = [Path(p) for p in list_shards(directory)]
+    except ImportError:
+        import re
+
+        files = sorted((p for p in directory.iterdir() if p.suffix in (".hdf5", ".h5")),
+                       key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)])
+    if not files:
+        raise UserError(f"no .hdf5 shards in {directory}; run `bertforge data shards` to create them")
+    return files
+
+
+def detect_kind(keys: set[str]) -> str:
+    if "next_sentence_positions" in keys:
+        return "packed"
+    if "masked_lm_positions" in keys:
+        return "nvidia"
+    return "dynamic"
+
+
+@dataclass
+class ShardInfo:
+    path: Path
+    rows: int
+    kind: str
+    seq_len: int
+    max_pred: int
+
+
+def inspect_shards(files: list[Path]) -> list[ShardInfo]:
+    """Row count, kind and widths of each shard, from the HDF5 metadata only (no data read)."""
+    import h5py
+
+    infos = []
+    for f in files:
+        try:
+            with h5py.File(f, "r") as h:
+                keys = set(h.keys())
+                kind = detect_kind(keys)
+                if "input_ids" not in keys:
+                    raise KeyError("input_ids")
+                rows, seq_len = h["input_ids"].shape
+                max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
+                sizes = {k: h[k].shape[0] for k in keys if hasattr(h[k], "shape") and h[k].shape}
+        except (OSError, KeyError) as e:
+            raise UserError(f"shard {f} cannot be read ({e}); re-create it with `bertforge data shards` or delete "
+                            "it") from None
+        bad = {k: n for k, n in sizes.items() if n != rows}
+        if bad:
+            raise UserError(f"shard {f} is inconsistent: input_ids has {rows} rows but {bad}; re-create it")
+        infos.append(ShardInfo(f, int(rows), kind, int(seq_len), int(max_pred)))
+    kinds = {i.kind for i in infos}
+    if len(kinds) > 1:
+        raise UserError(f"shards in {files[0].parent} mix kinds {sorted(kinds)}; use one kind per directory")
+    return infos
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """manifest.json (data helper) or packing metadata beside the shards; {} if absent."""
+    out: dict[str, Any] = {}
+    for name in ("manifest.json", "packing.json", "metadata.json"):
+        p = Path(directory) / name
+        if p.is_file():
+            try:
+                out.update(json.loads(p.read_text(encoding="utf-8")))
+            except ValueError:
+                raise UserError(f"{p} is not valid JSON; re-create the shards or delete it") from None
+    return out
+
+
+@dataclass
+class Piece:
+    shard: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def assign_pieces(rows: list[int], lanes: int) -> list[list[Piece]]:
+    """Split shards into pieces and deal them to lanes: whole shards when there are at least as many shards as
+    lanes, else each shard cut into ceil(lanes / shards) contiguous row ranges."""
+    parts = max(1, -(-lanes // len(rows)))
+    pieces = []
+    for s, n in enumerate(rows):
+        bounds = [n * i // parts for i in range(parts + 1)]
+        pieces += [Piece(s, a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    out: list[list[Piece]] = [[] for _ in range(lanes)]
+    for i, p in enumerate(pieces):
+        out[i % lanes].append(p)
+    if any(not lane for lane in out):
+        raise UserError(f"{sum(rows)} rows in {len(rows)} shards are too few for {lanes} data lanes "
+                        "(global batch / micro batch); use more data or a larger micro batch")
+    return out
+
+
+@dataclass
+class LaneEpoch:
+    """The row order of one lane in one epoch: a list of (shard, chunk_start, chunk_stop, row permutation)."""
+
+    chunks: list[tuple[int, int, int, np.ndarray]]
+    offsets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        total = 0
+        self.offsets = []
+        for c in self.chunks:
+            self.offsets.append(total)
+            total += c[2] - c[1]
+        self.rows = total
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(chunk index, row within the chunk's shuffled order) of the i-th row of this epoch."""
+        k = bisect.bisect_right(self.offsets, i) - 1
+        return k, i - self.offsets[k]
+
+
+def lane_epoch(pieces: list[Piece], seed: int, lane: int, epoch: int, chunk_rows: int, shuffle: bool) -> LaneEpoch:
+    rng = np.random.default_rng([seed, lane, epoch])
+    order = rng.permutation(len(pieces)) if shuffle else np.arange(len(pieces))
+    chunks = []
+    for i in order:
+        p = pieces[i]
+        starts = list(range(p.start, p.stop, chunk_rows))
+        c_order = rng.permutation(len(starts)) if shuffle else np.arange(len(starts))
+        for c in c_order:
+            a = starts[c]
+            b = min(a + chunk_rows, p.stop)
+            perm = rng.permutation(b - a) if shuffle else np.arange(b - a)
+            chunks.append((p.shard, a, b, perm))
+    return LaneEpoch(chunks)
+
+
+@dataclass
+class LoaderSpec:
+    """Everything a worker needs to rebuild the stream (plain data: cheap to send to worker processes)."""
+
+    files: list[str]
+    rows: list[int]
+    kind: str
+    lanes: list[list[Piece]]
+    my_lanes: list[int]
+    micro_batch: int
+    seed: int
+    chunk_rows: int = 2048
+    shuffle: bool = True
+    vocab_size: int = 30522
+    max_pred: int = 20
+    masked_lm_prob: float = 0.15
+    special_ids: tuple[int, ...] = (0, 101, 102, 103)
+    mask_id: int = 103
+
+
+class LaneReader:
+    """Reads rows of one lane by global position; caches the last chunk it decompressed."""
+
+    def __init__(self, spec: LoaderSpec, lane: int):
+        self.spec, self.lane = spec, lane
+        self._epochs: dict[int, LaneEpoch] = {}
+        self._cache: tuple[tuple[int, int, int], dict[str, np.ndarray]] | None = None
+        self._files: dict[int, Any] = {}
+        self.epoch_rows = sum(p.rows for p in spec.lanes[lane])
+
+    def _epoch(self, e: int) -> LaneEpoch:
+        if e not in self._epochs:
+            if len(self._epochs) > 2:
+                self._epochs.pop(min(self._epochs))
+            self._epochs[e] = lane_epoch(self.spec.lanes[self.lane], self.spec.seed, self.lane, e,
+                                         self.spec.chunk_rows, self.spec.shuffle)
+        return self._epochs[e]
+
+    def _chunk(self, shard: int, a: int, b: int) -> dict[str, np.ndarray]:
+        key = (shard, a, b)
+        if self._cache is None or self._cache[0] != key:
+            import h5py
+
+            if shard not in self._files:
+                self._files[shard] = h5py.File(self.spec.files[shard], "r")
+            h = self._files[shard]
+            self._cache = (key, {k: h[k][a:b] for k in h.keys() if k in _ROW_KEYS})
+        return self._cache[1]
+
+    def rows(self, start: int, n: int) -> list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]:
+        """Rows start..start+n of the lane's endless stream: (chunk arrays, index in chunk, (epoch, shard, row))."""
+        out = []
+        for g in range(start, start + n):
+            e, i = divmod(g, self.epoch_rows)
+            ep = self._epoch(e)
+            k, j = ep.locate(i)
+            shard, a, b, perm = ep.chunks[k]
+            arrays = self._chunk(shard, a, b)
+            out.append((arrays, int(perm[j]), (e, shard, a + int(perm[j]))))
+        return out
+
+    def close(self) -> None:
+        for h in self._files.values():
+            h.close()
+        self._files.clear()
+
+
+def collate(spec: LoaderSpec, rows: list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]) -> dict[str, torch.Tensor]:
+    """Rows → model inputs (the names of `bertforge.model`'s forward), int64 tensors."""
+    def stack(key: str) -> np.ndarray:
+        return np.stack([arr[key][i] for arr, i, _ in rows])
+
+    batch: dict[str, np.ndarray] = {}
+    if spec.kind == "dynamic":
+        from bertforge.data.instances import mask_tokens
+
+        ids = stack("input_ids").astype(np.int64)
+        P = spec.max_pred
+        pos = np.zeros((len(rows), P), np.int64)
+        lab = np.zeros((len(rows), P), np.int64)
+        for r, (arr, i, (e, shard, row)) in enumerate(rows):
+            # a fresh mask every epoch, the same on every run: the rng is a function of (seed, epoch, shard, row)
+            rng = np.random.default_rng([spec.seed, e, shard, row])
+            n = int((arr["input_mask"][i] != 0).sum())
+            masked, p, l = mask_tokens(ids[r, :n], rng, spec.vocab_size, P, spec.masked_lm_prob,
+                                       special_ids=spec.special_ids)
+            ids[r, :n] = masked
+            pos[r, : len(p)] = p
+            lab[r, : len(l)] = l
+        batch = {"input_ids": ids, "attention_mask": stack("input_mask"), "token_type_ids": stack("segment_ids"),
+                 "masked_positions": pos, "masked_labels": lab, "nsp_labels": stack("next_sentence_labels")}
+    elif spec.kind == "packed":
+        w = stack("next_sentence_weights")
+        batch = {"input_ids": stack("input_ids"), "attention_mask": stack("input_mask"),
+                 "token_type_ids": stack("segment_ids"), "position_ids": stack("positions"),
+                 "masked_positions": stack("masked_lm_positions"), "masked_labels": stack("masked_lm_ids"),
+                 "nsp_positions": stack("next_sentence_positions"),
+                 "nsp_labels": np.where(w > 0, stack("next_sentence_labels"), -1)}
+    else:
+        batch = {"input_ids": stack("input_ids"), "attention_mask": stack("input_mask"),
+                 "token_type_ids": stack("segment_ids"), "masked_positions": stack("masked_lm_positions"),
+                 "masked_labels": stack("masked_lm_ids"), "nsp_labels": stack("next_sentence_labels")}
+    return {k: torch.from_numpy(np.ascontiguousarray(v).astype(np.int64)) for k, v in batch.items()}
+
+
+class _RankStream(torch.utils.data.IterableDataset):
+    """Item k of a rank is lane my_lanes[k % accum]'s micro-batch number start + k // accum."""
+
+    def __init__(self, spec: LoaderSpec, start_batch: int):
+        super().__init__()
+        self.spec, self.start = spec, start_batch
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        accum = len(self.spec.my_lanes)
+        readers = [LaneReader(self.spec, lane) for lane in self.spec.my_lanes]
+        m = self.spec.micro_batch
+        try:
+            k = wid
+            while True:
+                j, b = k % accum, self.start + k // accum
+                yield collate(self.spec, readers[j].rows(b * m, m))
+                k += nw
+        finally:
+            for r in readers:
+                r.close()
+
+
+class PretrainLoader:
+    """Micro-batches for this rank, `accum` per update, from update number `start_batch` on.
+
+        loader = PretrainLoader.from_dir(dir, global_batch=256, micro_batch=32, rank=0, world_size=2, seed=1)
+        it = loader.iterate(start_batch=cursor)
+        for step: micro_batches = [next(it) for _ in range(loader.accum)]
+    """
+
+    def __init__(self, spec: LoaderSpec, num_workers: int = 2, prefetch: int = 4):
+        self.spec, self.num_workers, self.prefetch = spec, num_workers, prefetch
+
+    @property
+    def accum(self) -> int:
+        return len(self.spec.my_lanes)
+
+    @classmethod
+    def from_dir(cls, directory: str | Path, global_batch: int, micro_batch: int, rank: int, world_size: int,
+                 seed: int, num_workers: int = 2, prefetch: int = 4, chunk_rows: int = 2048,
+                 vocab_size: int = 30522, special_ids: tuple[int, ...] | None = None,
+                 max_pred: int | None = None) -> "PretrainLoader":
+        files = shard_files(directory)
+        infos = inspect_shards(files)
+        accum = batch_arithmetic(global_batch, micro_batch, world_size)
+        n_lanes = accum * world_size
+        lanes = assign_pieces([i.rows for i in infos], n_lanes)
+        manifest = read_manifest(directory)
+        spec = LoaderSpec(
+            files=[str(f) for f in files], rows=[i.rows for i in infos], kind=infos[0].kind, lanes=lanes,
+            my_lanes=list(range(rank * accum, (rank + 1) * accum)), micro_batch=micro_batch, seed=seed,
+            chunk_rows=chunk_rows, vocab_size=vocab_size,
+            max_pred=max_pred or infos[0].max_pred or int(manifest.get("max_pred", 20)),
+            masked_lm_prob=float(manifest.get("masked_lm_prob", 0.15)),
+            special_ids=tuple(special_ids or manifest.get("special_ids") or (0, 101, 102, 103)),
+        )
+        return cls(spec, num_workers, prefetch)
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    def iterate(self, start_batch: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        ds = _RankStream(self.spec, start_batch)
+        if self.num_workers == 0:
+            return iter(ds)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.num_workers,
+                                         prefetch_factor=self.prefetch, persistent_workers=False,
+                                         # its own generator: creating the iterator must not draw from the
+                                         # global RNG that dropout uses (exact resume)
+                                         generator=torch.Generator().manual_seed(self.spec.seed),
+                                         multiprocessing_context="fork" if _can_fork() else None)
+        return iter(dl)
+
+
+def _can_fork() -> bool:
+    import multiprocessing as mp
+
+    return "fork" in mp.get_all_start_methods()
+
+
+def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> int:
+    """Accumulation steps = global / (micro × world); a global batch that does not divide is an error."""
+    if global_batch % (micro_batch * world_size):
+        raise UserError(
+            f"train.global_batch_size {global_batch} is not a multiple of train.micro_batch_size {micro_batch} x "
+            f"{world_size} processes = {micro_batch * world_size}; change the global or micro batch size"
+        )
+    return global_batch // (micro_batch * world_size)
+
+
+def eval_batches(directory: str | Path, batch_size: int, rank: int = 0, world_size: int = 1,
+                 max_batches: int | None = None, vocab_size: int = 30522, seed: int = 0,
+                 special_ids: tuple[int, ...] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """Held-out batches in file order (no shuffle), rank r taking batches r, r+W, … (for periodic evaluation).
+    Dynamic-masking eval shards are masked with a fixed seed, so every evaluation sees the same masks."""
+    files = shard_files(directory)
+    infos = inspect_shards(files)
+    manifest = read_manifest(directory)
+    spec = LoaderSpec(files=[str(f) for f in files], rows=[i.rows for i in infos], kind=infos[0].kind,
+                      lanes=[[Piece(s, 0, i.rows) for s, i in enumerate(infos)]], my_lanes=[0],
+                      micro_batch=batch_size, seed=seed, shuffle=False, vocab_size=vocab_size,
+                      max_pred=infos[0].max_pred or int(manifest.get("max_pred", 20)),
+                      special_ids=tuple(special_ids or manifest.get("special_ids") or (0, 101, 102, 103)))
+    reader = LaneReader(spec, 0)
+    total = -(-reader.epoch_rows // batch_size)
+    if max_batches:
+        total = min(total, max_batches)
+    try:
+        for b in range(rank, total, world_size):
+            n = min(batch_size, reader.epoch_rows - b * batch_size)
+            yield collate(spec, reader.rows(b * batch_size, n))
+    finally:
+        reader.close()

@@ -1,0 +1,147 @@
+"""Checkpoints: a Hugging Face-format model directory plus the training state, written atomically.
+
+Layout of `<output_dir>/checkpoints/`:
+
+    step_00000200/
+        model/               config.json + model.safetensors (+ vocab): `transformers` Auto classes load it
+        training_state.pt    optimizer, scheduler step, scaler, RNG states, data cursor (tensors + plain data)
+        meta.json            step, phase, sequences and tokens seen, time, the run config — written last
+
+A checkpoint is complete when its directory has its final name: everything is written into a hidden
+temporary directory first and renamed into place (rename is atomic on POSIX), so a run killed mid-write
+leaves the previous checkpoint as the newest complete one and a stale `.tmp-*` directory that the next save
+removes. Steps are sorted numerically (step_10 after step_9). The training state is read with
+`torch.load(weights_only=True)`: a checkpoint file from elsewhere can hold tensors and plain data, never code.
+Nothing here is specific to pre-training: fine-tuning passes its own `write_model` and state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from bertforge.errors import UserError
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+STATE_FILE = "training_state.pt"
+META_FILE = "meta.json"
+MODEL_DIR = "model"
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / MODEL_DIR
+
+    def meta(self) -> dict[str, Any]:
+        return json.loads((self.path / META_FILE).read_text(encoding="utf-8"))
+
+    def load_state(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+        """The training state, read without executing code (weights_only=True)."""
+        path = self.path / STATE_FILE
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - a truncated or foreign file: say which and what to do
+            raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete {self.path} "
+                            "to resume from the previous checkpoint") from None
+
+
+def list_checkpoints(root: str | Path) -> list[Checkpoint]:
+    """Complete checkpoints under `root`, oldest first (numeric step order)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for d in root.iterdir():
+        m = STEP_DIR.match(d.name)
+        if m and d.is_dir() and (d / META_FILE).is_file():
+            found.append(Checkpoint(d, int(m.group(1))))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_checkpoint(root: str | Path) -> Checkpoint | None:
+    ckpts = list_checkpoints(root)
+    return ckpts[-1] if ckpts else None
+
+
+def find_checkpoint(path: str | Path) -> Checkpoint:
+    """A checkpoint given as its own directory, or the newest one under a run or checkpoints directory."""
+    path = Path(path)
+    m = STEP_DIR.match(path.name)
+    if m and (path / META_FILE).is_file():
+        return Checkpoint(path, int(m.group(1)))
+    for root in (path, path / "checkpoints"):
+        ckpt = latest_checkpoint(root)
+        if ckpt is not None:
+            return ckpt
+    raise UserError(f"no complete checkpoint in {path} (expected step_N/ directories holding {META_FILE})")
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    write_model: Callable[[Path], None],
+    state: dict[str, Any],
+    meta: dict[str, Any],
+    keep_last: int = 3,
+    _before_rename: Callable[[Path], None] | None = None,
+) -> Checkpoint:
+    """Write checkpoint `step` under `root` atomically and keep the newest `keep_last`.
+
+    `write_model(dir)` writes the model directory; `state` goes to training_state.pt (tensors and plain
+    data only); `meta` to meta.json. `_before_rename` is a test hook called between writing and renaming.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-step_*"):  # left by a run killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    final = root / f"step_{step:08d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    tmp.mkdir()
+    write_model(tmp / MODEL_DIR)
+    torch.save(state, tmp / STATE_FILE)
+    meta = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **meta}
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
+    _fsync_dir(tmp)
+    if _before_rename is not None:
+        _before_rename(tmp)
+    if final.exists():  # the same step saved again (a re-run): replace it
+        old = root / f".tmp-old-{final.name}-{os.getpid()}"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    _fsync_dir(root)
+    for old_ckpt in list_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(old_ckpt.path, ignore_errors=True)
+    return Checkpoint(final, step)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Flush a directory's files and entries so a rename after a crash never points at unwritten data."""
+    for p in [*path.iterdir(), path] if path.is_dir() else [path]:
+        if p.is_dir() and p != path:
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)

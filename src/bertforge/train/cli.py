@@ -1,0 +1,55 @@
+"""`bertforge pretrain`: one pre-training phase from a preset or YAML file, with --set overrides."""
+
+from __future__ import annotations
+
+import argparse
+
+from bertforge.config import describe, load_config, save_config
+from bertforge.train.config import PretrainConfig
+
+
+def pretrain_add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="demo_tiny_128", help="preset name (configs/pretrain/) or a YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.max_steps=100 (repeatable)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in train.output_dir/checkpoints")
+    p.add_argument("--json-summary", default=None, metavar="FILE",
+                   help="also write dllogger-compatible JSON lines (NVIDIA DeepLearningExamples format) here")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--list-keys", action="store_true", help="list every config key with its default and meaning")
+
+
+def pretrain_run(args: argparse.Namespace) -> int:
+    if args.list_keys:
+        for key, default, doc in describe(PretrainConfig):
+            print(f"{key} = {default}\n    {doc}")
+        return 0
+    cfg = load_config("pretrain", args.config, args.overrides)
+    if args.print_config:
+        import sys
+
+        import yaml
+
+        from bertforge.config import to_dict
+
+        yaml.safe_dump(to_dict(cfg), sys.stdout, sort_keys=False)
+        return 0
+    from pathlib import Path
+
+    from bertforge.train import distributed
+    from bertforge.train.loop import run_pretrain
+
+    info = distributed.env_info()
+    if info.is_main:
+        Path(cfg.train.output_dir).mkdir(parents=True, exist_ok=True)
+        save_config(cfg, Path(cfg.train.output_dir) / "config.yaml")
+    try:
+        summary = run_pretrain(cfg, resume=args.resume, json_summary=args.json_summary)
+    finally:
+        distributed.cleanup()
+    if info.is_main:
+        acc = summary.get("final_eval_mlm_acc", summary.get("final_mlm_acc"))
+        print(f"done: phase {summary['phase']} step {summary['step']}, MLM accuracy "
+              f"{acc if acc is None else f'{acc:.3f}'}; model: {summary['model_dir']}")
+    return 0

@@ -1,0 +1,140 @@
+"""Distributed setup: read the launcher's environment, start the process group, wrap the model in DDP.
+
+Recognised launchers (first match wins):
+- torchrun / torch.distributed.run: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT;
+- Open MPI `mpirun`: OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; MPICH/Intel MPI: PMI_RANK/PMI_SIZE
+  (+ MPI_LOCALRANKID); MASTER_ADDR must be set (e.g. `mpirun -x MASTER_ADDR=host0`);
+- SLURM `srun`: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE; MASTER_ADDR from the
+  environment (examples/pretrain.sbatch sets it to the first node of the allocation).
+Backend from `bertforge.device.dist_backend`: NCCL on CUDA, gloo on CPU. The model never imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bertforge import device as dev
+from bertforge.errors import UserError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    launcher: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _int(env: dict[str, str], key: str, default: int | None = None) -> int | None:
+    value = env.get(key)
+    return int(value) if value not in (None, "") else default
+
+
+def env_info(env: dict[str, str] | None = None) -> DistInfo:
+    """Rank, world size and local rank from whichever launcher started this process."""
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = _int(env, "WORLD_SIZE")
+        return DistInfo(_int(env, "RANK"), world, _int(env, "LOCAL_RANK", 0),
+                        _int(env, "LOCAL_WORLD_SIZE", world), "torchrun")
+    if "OMPI_COMM_WORLD_SIZE" in env:
+        world = _int(env, "OMPI_COMM_WORLD_SIZE")
+        return DistInfo(_int(env, "OMPI_COMM_WORLD_RANK"), world, _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
+                        _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world), "mpi")
+    if "PMI_SIZE" in env:
+        world = _int(env, "PMI_SIZE")
+        return DistInfo(_int(env, "PMI_RANK"), world, _int(env, "MPI_LOCALRANKID", 0),
+                        _int(env, "MPI_LOCALNRANKS", world), "mpi")
+    if "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", 1) > 1 and "SLURM_STEP_ID" in env:
+        world = _int(env, "SLURM_NTASKS")
+        per_node = env.get("SLURM_NTASKS_PER_NODE", str(world)).split("(")[0]
+        return DistInfo(_int(env, "SLURM_PROCID"), world, _int(env, "SLURM_LOCALID", 0), int(per_node), "slurm")
+    return DistInfo()
+
+
+def init_distributed(device_spec: str = "auto", timeout_min: int = 30) -> tuple[DistInfo, torch.device]:
+    """Start the process group (if this is a multi-process run) and pick this rank's device."""
+    info = env_info()
+    device = dev.resolve_device(device_spec, local_rank=info.local_rank)
+    if not info.distributed or dist.is_initialized():
+        return info, device
+    if info.launcher != "torchrun":
+        if "MASTER_ADDR" not in os.environ:
+            raise UserError(f"launched by {info.launcher} with {info.world_size} processes but MASTER_ADDR is not "
+                            "set; export MASTER_ADDR=<first node's address> (and MASTER_PORT) for every process")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank))
+    dev.set_device(device)
+    dist.init_process_group(backend=dev.dist_backend(device), init_method="env://", rank=info.rank,
+                            world_size=info.world_size, timeout=datetime.timedelta(minutes=timeout_min))
+    return info, device
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks in place (a no-op in one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_object(obj, src: int = 0):
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def wrap_ddp(model: nn.Module, device: torch.device, info: DistInfo) -> nn.Module:
+    """DistributedDataParallel for multi-process runs; the model itself otherwise."""
+    if not info.distributed:
+        return model
+    ids = [device.index] if device.type in ("cuda", "xpu") and device.index is not None else None
+    # gradients are bucketed as views of the communication buffers: one copy fewer per step
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model under DDP and torch.compile wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            return model
+        model = inner
+
+
+@contextlib.contextmanager
+def maybe_no_sync(model: nn.Module, accumulating: bool) -> Iterator[None]:
+    """Skip DDP's gradient all-reduce on accumulation micro-batches: one all-reduce per optimizer step."""
+    if accumulating and isinstance(model, nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    else:
+        yield
