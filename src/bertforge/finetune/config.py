@@ -31,6 +31,14 @@ class FinetuneConfig:
     """Fraction of steps with linear warm-up."""
     weight_decay: float = 0.01
     """Decoupled weight decay (0 for bias and LayerNorm)."""
+    adam_eps: float = 1e-6
+    """AdamW epsilon (Google BERT's fine-tuning optimizer uses 1e-6)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (BERT and Hugging Face: 1.0)."""
+    max_steps: int = 0
+    """Stop after this many optimizer updates (0: `epochs` decides); the schedule spans the shorter."""
+    log_every: int = 20
+    """Log loss, lr and throughput every this many updates."""
     batch_size: int = 32
     """Sequences per optimizer update over all devices."""
     micro_batch_size: int = 32
@@ -41,6 +49,8 @@ class FinetuneConfig:
     """auto, fp32, bf16 or fp16."""
     device: str = "auto"
     """auto, cpu, cuda[:N], xpu, hpu or mps."""
+    attention: str = "auto"
+    """Attention kernel of the model: auto, sdpa, varlen or eager (see model.attention)."""
     seed: int = 42
     """Seed of the head init, dropout and data order."""
     output_dir: str = "runs/finetune"
@@ -55,3 +65,10 @@ class FinetuneConfig:
             raise ConfigError(f"precision must be auto, fp32, bf16 or fp16, not {self.precision!r}")
         if self.epochs <= 0 or self.lr <= 0:
             raise ConfigError("epochs and lr must be > 0")
+        if self.max_query_len + 4 >= self.max_seq_len:
+            raise ConfigError(f"max_query_len {self.max_query_len} leaves no room for context in max_seq_len "
+                              f"{self.max_seq_len}; lower max_query_len or raise max_seq_len")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ConfigError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.max_steps < 0 or self.log_every < 1:
+            raise ConfigError("max_steps must be >= 0 and log_every >= 1")

