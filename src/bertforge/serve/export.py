@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +202,9 @@ def export_onnx(model_dir: str | Path, out: str | Path, task: str | None = None,
     tmp = _tmp_dir(out)
     try:
         path = tmp / "model.onnx"
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+            # the tracer warns about math.sqrt(head_dim) becoming a constant: it is one
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
             # an eval-mode wrapper: the exporter restores the wrapper's mode recursively afterwards, and a
             # fresh (training-mode) wrapper would switch the model's dropout back on
             torch.onnx.export(_OnnxWrapper(model, head).eval(), tuple(x.values()), str(path), input_names=in_names,

@@ -1,0 +1,71 @@
+"""`bertforge export`: HF directories that transformers loads, ONNX graphs with dynamic axes that match PyTorch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.errors import UserError
+from bertforge.serve import export
+
+
+def test_hf_export_loads_in_transformers_and_matches(head_models):
+    transformers = pytest.importorskip("transformers")
+    d = head_models["qa"]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "vocab.txt"} <= {p.name for p in d.iterdir()}
+    assert json.loads((d / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
+    ours, config = export.load(d, "qa")
+    theirs = transformers.AutoModelForQuestionAnswering.from_pretrained(d).eval()
+    x = export.sample_inputs(config, "qa")
+    with torch.inference_mode():
+        a, b = ours(**x), theirs(**x)
+    real = x["attention_mask"].bool()
+    torch.testing.assert_close(a.start_logits[real], b.start_logits[real], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(a.end_logits[real], b.end_logits[real], atol=1e-4, rtol=1e-4)
+
+
+def test_hf_export_detects_head_and_refuses_missing_head(head_models, encoder_dir, tmp_path):
+    out = export.export_hf(head_models["classify"], tmp_path / "again")  # head from config.json architectures
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    assert len(json.loads((out / "config.json").read_text())["id2label"]) == 3
+    with pytest.raises(UserError, match="missing"):
+        export.export_hf(encoder_dir, tmp_path / "nohead", "qa")  # no --init-head: the encoder has no QA head
+    assert not (tmp_path / "nohead").exists()
+    with pytest.raises(UserError, match="architectures"):
+        export.export_hf(encoder_dir, tmp_path / "x")  # BertModel names no task head
+
+
+@pytest.mark.parametrize("task", ["qa", "fill-mask"])  # classify: test_export_cli
+def test_onnx_export_dynamic_axes_and_parity(head_models, tmp_path, task):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    res = export.export_onnx(head_models[task], tmp_path / "onnx")
+    assert res["max_abs_diff"] <= 1e-4
+    graph = onnx.load(res["path"]).graph
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input}
+    assert dims["input_ids"] == ["batch", "sequence"]
+    if task == "fill-mask":
+        assert dims["masked_positions"] == ["batch", "masks"]
+    # a shape never traced (batch 5, 61 tokens) against PyTorch, independently of the exporter's own check
+    model, config = export.load(head_models[task], export.SERVE_HEADS[task])
+    x = export.sample_inputs(config, export.SERVE_HEADS[task], batch=5, seq=61, seed=7)
+    sess = ort.InferenceSession(res["path"], providers=["CPUExecutionProvider"])
+    got = sess.run(None, {k: v.numpy() for k, v in x.items()})
+    with torch.inference_mode():
+        want = export._OnnxWrapper(model, export.SERVE_HEADS[task]).eval()(**x)
+    for g, w in zip(got, want):
+        assert g.shape == tuple(w.shape)
+        np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=0)
+    assert (tmp_path / "onnx" / "tokenizer.json").is_file()
+
+
+def test_export_cli(head_models, tmp_path, capsys):
+    assert main(["export", "--model", str(head_models["classify"]), "--format", "onnx", "--out",
+                 str(tmp_path / "o")]) == 0
+    assert "max |diff|" in capsys.readouterr().out
+    assert main(["export", "--model", str(tmp_path / "missing"), "--format", "hf", "--out", str(tmp_path / "h")]) == 2
+    assert "config.json" in capsys.readouterr().err
