@@ -59,3 +59,9 @@ def tiny_overrides(data: Path, out: Path, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture
+def overrides():
+    """The `tiny_overrides` function (importlib mode: tests cannot import conftest by name)."""
+    return tiny_overrides

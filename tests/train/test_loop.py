@@ -1,0 +1,128 @@
+"""The pre-training loop: exact resume, phase 2, non-finite steps, the CLI and its outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge.cli import main
+from bertforge.config import load_config
+from bertforge.errors import UserError
+from bertforge.train import checkpoint as ckpt
+from bertforge.train.loop import run_pretrain
+
+
+
+@pytest.fixture(autouse=True)
+def _ov(overrides):
+    global tiny_overrides
+    tiny_overrides = overrides
+
+
+def _cfg(data: Path, out: Path, **extra):
+    return load_config("pretrain", None, tiny_overrides(data, out, **extra))
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(ckpt.latest_checkpoint(run / "checkpoints").model_dir / "model.safetensors"))
+
+
+def _losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def test_exact_resume(shards, tmp_path):
+    """N steps + stop + resume + N steps == 2N uninterrupted steps, bitwise (CPU, fp32), losses too."""
+    full = tmp_path / "full"
+    run_pretrain(_cfg(shards, full))
+    split = tmp_path / "split"
+    first = run_pretrain(_cfg(shards, split, **{"train.stop_after_steps": 3}))
+    assert first["step"] == 3
+    second = run_pretrain(_cfg(shards, split), resume=True)
+    assert second["step"] == 6
+    a, b = _weights(full), _weights(split)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert _losses(full) == _losses(split)
+    assert sorted(_losses(full)) == [1, 2, 3, 4, 5, 6]
+    # the optimizer state matches too
+    sa = ckpt.latest_checkpoint(full / "checkpoints").load_state()
+    sb = ckpt.latest_checkpoint(split / "checkpoints").load_state()
+    for i, st in sa["optimizer"]["state"].items():
+        assert torch.equal(st["exp_avg_sq"], sb["optimizer"]["state"][i]["exp_avg_sq"])
+    assert sa["train_state"] == sb["train_state"]
+
+
+def test_phase2_from_phase1(shards, tmp_path):
+    p1 = tmp_path / "p1"
+    run_pretrain(_cfg(shards, p1, **{"train.max_steps": 3}))
+    p2 = tmp_path / "p2"
+    summary = run_pretrain(_cfg(shards, p2, **{"train.max_steps": 4, "train.init_checkpoint": str(p1),
+                                               "train.save_every": 2, "optim.lr": 5e-4}))
+    assert summary["phase"] == 2 and summary["step"] == 4 and summary["global_step"] == 7
+    names = [c.path.name for c in ckpt.list_checkpoints(p2 / "checkpoints")]
+    assert names == ["step_00000005", "step_00000007"]  # run-wide steps: phase-1's 3 + phase-2's
+    state = ckpt.latest_checkpoint(p2 / "checkpoints").load_state()
+    assert state["optimizer"]["param_groups"][0]["step"] == 4  # reset at the phase start, then 4 updates
+    assert state["train_state"]["phase_offset"] == 3
+    # phase 2's own schedule: its step 1 (progress 1/4, past the 0.2 warmup) logged at run-wide step 4
+    rows = [json.loads(x) for x in (p2 / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if "lr" in r)
+    assert first["step"] == 4 and first["lr"] == pytest.approx(5e-4 * (1 - 1 / 4) ** 0.5)
+    # resume in the middle of phase 2 continues phase 2 (not phase 1, not a fresh phase 2)
+    mid = tmp_path / "mid"
+    run_pretrain(_cfg(shards, mid, **{"train.max_steps": 4, "train.init_checkpoint": str(p1),
+                                      "train.stop_after_steps": 2, "optim.lr": 5e-4}))
+    resumed = run_pretrain(_cfg(shards, mid, **{"train.max_steps": 4, "train.init_checkpoint": str(p1),
+                                                "optim.lr": 5e-4}), resume=True)
+    assert resumed["phase"] == 2 and resumed["global_step"] == 7
+    a, b = _weights(p2), _weights(mid)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_nonfinite_steps_stop_with_checkpoint(shards, tmp_path):
+    out = tmp_path / "nan"
+    cfg = _cfg(shards, out, **{"train.max_nonfinite_steps": 2, "optim.lr": 1e30, "optim.warmup": 0.0,
+                               "optim.name": "adamw", "train.save_every": 100})
+    with pytest.raises(UserError, match="non-finite gradient steps in a row"):
+        run_pretrain(cfg)
+    saved = ckpt.latest_checkpoint(out / "checkpoints")
+    assert saved is not None
+    state = saved.load_state()["train_state"]
+    assert state["skipped"] == 2 and state["batches"] == state["step"] + 2
+    w = load_file(str(saved.model_dir / "model.safetensors"))
+    assert all(torch.isfinite(v).all() for v in w.values())  # usable: the skipped steps changed nothing
+
+
+def test_cli_outputs_and_transformers_loads(shards, tmp_path, capsys):
+    out = tmp_path / "cli"
+    js = tmp_path / "dll.json"
+    rc = main(["pretrain", "--config", "demo_tiny_128", "--json-summary", str(js),
+               *["--set=" + s for s in tiny_overrides(shards, out, **{"train.max_steps": 3,
+                                                                        "data.eval_dir": str(shards),
+                                                                        "data.eval_batches": 2})]])
+    assert rc == 0
+    assert "done: phase 1 step 3" in capsys.readouterr().out
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"step", "loss", "mlm_acc", "lr", "seq_per_s"} <= set(rows[0])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["step"] == 3 and "final_eval_mlm_acc" in summary
+    assert (out / "metrics.png").is_file() and (out / "config.yaml").is_file()
+    lines = js.read_text().splitlines()
+    assert all(line.startswith("DLLL {") for line in lines)
+    assert json.loads(lines[0][5:])["type"] == "PARAMETER"
+    transformers = pytest.importorskip("transformers")
+    m = transformers.BertForPreTraining.from_pretrained(summary["model_dir"])
+    assert m.config.vocab_size == 64
+
+
+def test_batch_that_does_not_divide(shards, tmp_path):
+    with pytest.raises(UserError, match="global_batch_size"):
+        run_pretrain(_cfg(shards, tmp_path / "x", **{"train.global_batch_size": 12, "train.micro_batch_size": 8}))
