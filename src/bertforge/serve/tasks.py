@@ -94,9 +94,6 @@ class Limits:
             raise UserError(f"max_seq_len {self.max_seq_len} is too small (at least 8)")
         if self.max_request_bytes < 1:
             raise UserError("max_request_bytes must be positive")
-        if self.max_query_length + 3 >= self.max_seq_len:
-            raise UserError(f"max_query_length {self.max_query_length} leaves no room for context in "
-                            f"max_seq_len {self.max_seq_len}")
 
 
 def decode_strings(name: str, arr: Any, *, allow_empty: bool = False) -> list[str]:
@@ -173,6 +170,9 @@ class Predictor:
         self.task, self.spec, self.model, self.tok, self.limits = task, TASKS[task], model.eval(), tokenizer, limits
         if limits.max_seq_len > max_positions:
             raise UserError(f"max_seq_len {limits.max_seq_len} is over the model's {max_positions} positions")
+        if task == "qa" and limits.max_query_length + 3 >= limits.max_seq_len:
+            raise UserError(f"QA: max_query_length {limits.max_query_length} leaves no room for context in "
+                            f"max_seq_len {limits.max_seq_len}; raise --max-seq-len")
         self.labels = list(labels) if labels else None
         self.use_token_types = type_vocab_size > 1
         self.cls = _special(tokenizer, "[CLS]", "<s>")

@@ -1,0 +1,106 @@
+"""The served functions in-process: tokenisation, per-batch padding, postprocessing, request validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.errors import UserError
+from bertforge.serve.tasks import Limits, Predictor, RequestError, decode_strings
+
+
+@pytest.fixture(scope="module")
+def preds(head_models):
+    lim = Limits(max_seq_len=64, doc_stride=24, max_request_bytes=4096, max_query_length=16)
+    return {t: Predictor.from_dir(t, d, lim) for t, d in head_models.items()}
+
+
+def test_classify_matches_transformers_and_padding_does_not_matter(preds, head_models):
+    transformers = pytest.importorskip("transformers")
+    texts = ["short", "a much longer sentence that needs many more word pieces than the first one does"]
+    out = preds["classify"]({"text": texts})
+    alone = [preds["classify"]({"text": [t]})["probabilities"][0] for t in texts]
+    np.testing.assert_allclose(out["probabilities"], np.stack(alone), atol=1e-5)  # padded to its own longest
+    tok = transformers.AutoTokenizer.from_pretrained(head_models["classify"])
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(head_models["classify"]).eval()
+    with torch.inference_mode():
+        want = torch.softmax(hf(**tok(texts, padding=True, return_tensors="pt")).logits, -1).numpy()
+    np.testing.assert_allclose(out["probabilities"], want, atol=1e-4)
+    assert out["label"][:, 0].tolist() == [f"LABEL_{i}".encode() for i in want.argmax(-1)]
+
+
+def test_classify_truncates_longest_first(preds):
+    p = preds["classify"]
+    ids, types = p.encode_pair("word " * 100, "other words here")
+    assert len(ids) == 64 and types.count(1) == 4  # the long side was cut, the pair kept ([SEP] counts)
+    ids, _ = p.encode_pair("word " * 100, None)
+    assert len(ids) == 64 and ids[-1] == p.sep
+
+
+def test_fill_mask_matches_transformers(preds, head_models):
+    transformers = pytest.importorskip("transformers")
+    text = "the capital of [MASK] is paris and it is [MASK]."
+    out = preds["fill-mask"]({"text": [text]})
+    tok = transformers.AutoTokenizer.from_pretrained(head_models["fill-mask"])
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(head_models["fill-mask"]).eval()
+    enc = tok([text], return_tensors="pt")
+    with torch.inference_mode():
+        logits = hf(**enc).logits[0]  # (T, V)
+    pos = (enc["input_ids"][0] == tok.mask_token_id).nonzero().flatten()
+    want = torch.softmax(logits[pos], -1).topk(5)
+    assert out["token_ids"][0].tolist() == want.indices.tolist()
+    np.testing.assert_allclose(out["scores"][0], want.values.numpy(), atol=1e-5)
+
+
+def test_qa_answer_is_the_best_span_over_windows(preds):
+    p = preds["qa"]
+    context = " ".join(f"Fact {i}: the river number {i} is {i * 3} kilometres long." for i in range(12))
+    q = "How long is river number 5?"
+    out = p({"question": [q], "context": [context]})
+    answer, score = out["answer"][0, 0].decode(), float(out["score"][0, 0])
+    assert answer and answer in context
+    # brute force over every window's logits: no valid span scores higher than the served one
+    from bertforge.finetune.squad import SquadExample, make_features
+
+    f = make_features([SquadExample("0", q, context, [])], p.tok, 64, 24, 16)
+    assert len(f) > 1  # the context really was windowed
+    best = -np.inf
+    for i in range(len(f)):
+        o = p._forward([f.input_ids[i].tolist()], [f.token_type_ids[i].tolist()])
+        s, e = o.start_logits[0].numpy(), o.end_logits[0].numpy()
+        c0, n = int(f.ctx_offset[i]), len(f.offsets[i])
+        for a in range(n):
+            if not f.max_context[i][a]:
+                continue
+            for b in range(a, min(n, a + 30)):
+                best = max(best, s[c0 + a] + e[c0 + b])
+    assert score == pytest.approx(best, abs=1e-4)
+
+
+def test_request_validation(preds):
+    with pytest.raises(RequestError, match="row 1 is empty"):
+        decode_strings("text", np.array([[b"ok"], [b" "]], dtype=object))
+    with pytest.raises(RequestError, match="not valid UTF-8"):
+        decode_strings("text", np.array([[b"\xc3\x28"]], dtype=object))
+    with pytest.raises(RequestError, match="shape"):
+        decode_strings("text", np.array([[b"a", b"b"]], dtype=object))
+    with pytest.raises(RequestError, match="4096"):
+        preds["qa"]({"question": ["q"], "context": ["x" * 5000]})
+    with pytest.raises(RequestError, match="one context per question"):
+        preds["qa"]({"question": ["q", "r"], "context": ["c"]})
+    with pytest.raises(RequestError, match="over the server's limit of 64"):
+        preds["fill-mask"]({"text": ["[MASK] " + "word " * 80]})
+    with pytest.raises(RequestError, match="no \\[MASK\\]"):
+        preds["fill-mask"]({"text": ["nothing"]})
+
+
+def test_limits_and_model_dir_errors(head_models, tmp_path):
+    with pytest.raises(UserError, match="max_query_length"):
+        Predictor.from_dir("qa", head_models["qa"], Limits(max_seq_len=40, max_query_length=64))
+    with pytest.raises(UserError, match="config.json"):
+        Predictor.from_dir("qa", tmp_path)
+    with pytest.raises(UserError, match="positions"):
+        Predictor.from_dir("qa", head_models["qa"], Limits(max_seq_len=1024))
+    with pytest.raises(UserError, match="missing"):  # a classify model served as qa has no QA head
+        Predictor.from_dir("qa", head_models["classify"])
