@@ -126,3 +126,39 @@ def test_cli_outputs_and_transformers_loads(shards, tmp_path, capsys):
 def test_batch_that_does_not_divide(shards, tmp_path):
     with pytest.raises(UserError, match="global_batch_size"):
         run_pretrain(_cfg(shards, tmp_path / "x", **{"train.global_batch_size": 12, "train.micro_batch_size": 8}))
+
+
+def test_packed_shards_train(tmp_path):
+    """Packed rows (2 sequences each): the update takes global / avg_seq_per_sample packs, counts sequences."""
+    import h5py
+    import numpy as np
+
+    d = tmp_path / "packed"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    N, S = 16, 32
+    ids = np.zeros((N, S), np.int32)
+    mask = np.zeros((N, S), np.int8)
+    pos = np.zeros((N, S), np.int32)
+    mpos = np.zeros((N, 6), np.int32)
+    mids = np.zeros((N, 6), np.int32)
+    for r in range(N):
+        for k, off in enumerate((0, 14)):
+            body = rng.integers(5, 64, 10)
+            ids[r, off:off + 12] = [2, *body, 3]
+            mask[r, off:off + 12] = k + 1
+            pos[r, off:off + 12] = range(12)
+            mpos[r, 3 * k:3 * k + 3] = off + 1 + np.arange(3)
+            mids[r, 3 * k:3 * k + 3] = ids[r, off + 1:off + 4]
+            ids[r, off + 1:off + 4] = 4
+    with h5py.File(d / "packed_0.hdf5", "w") as h:
+        for k, v in {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(mask), "positions": pos,
+                     "masked_lm_positions": mpos, "masked_lm_ids": mids,
+                     "next_sentence_positions": np.tile([0, 14], (N, 1)).astype(np.int32),
+                     "next_sentence_labels": np.zeros((N, 2), np.int8),
+                     "next_sentence_weights": np.ones((N, 2), np.int8)}.items():
+            h.create_dataset(k, data=v)
+    (d / "packing.json").write_text(json.dumps({"avg_seq_per_sample": 2.0}))
+    summary = run_pretrain(_cfg(d, tmp_path / "run", **{"train.max_steps": 2, "train.global_batch_size": 8,
+                                                         "train.micro_batch_size": 2}))
+    assert summary["sequences"] == 2 * 8  # 4 packs x 2 sequences per update

@@ -39,7 +39,7 @@ from bertforge.errors import UserError
 NVIDIA_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
                "next_sentence_labels")
 _ROW_KEYS = {"input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions", "masked_lm_ids",
-             "next_sentence_positions", "next_sentence_labels", "next_sentence_weights"}
+             "next_sentence_positions", "next_sentence_labels", "next_sentence_weights", "word_starts"}
 PACKED_KEYS = ("input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions", "masked_lm_ids",
                "next_sentence_positions", "next_sentence_labels", "next_sentence_weights")
 
@@ -203,8 +203,9 @@ class LoaderSpec:
     vocab_size: int = 30522
     max_pred: int = 20
     masked_lm_prob: float = 0.15
-    special_ids: tuple[int, ...] = (0, 101, 102, 103)
+    special_ids: tuple[int, ...] = (0, 101, 102)
     mask_id: int = 103
+    wwm: bool = False
 
 
 class LaneReader:
@@ -271,9 +272,10 @@ def collate(spec: LoaderSpec, rows: list[tuple[dict[str, np.ndarray], int, tuple
             # a fresh mask every epoch, the same on every run: the rng is a function of (seed, epoch, shard, row)
             rng = np.random.default_rng([spec.seed, e, shard, row])
             n = int((arr["input_mask"][i] != 0).sum())
-            masked, p, l = mask_tokens(ids[r, :n], rng, spec.vocab_size, P, spec.masked_lm_prob,
-                                       special_ids=spec.special_ids)
-            ids[r, :n] = masked
+            ws = arr["word_starts"][i] if spec.wwm and "word_starts" in arr else None
+            masked, p, l = mask_tokens(ids[r], rng, spec.vocab_size, P, spec.masked_lm_prob,
+                                       special_ids=spec.special_ids, word_starts=ws, mask_id=spec.mask_id, length=n)
+            ids[r] = masked
             pos[r, : len(p)] = p
             lab[r, : len(l)] = l
         batch = {"input_ids": ids, "attention_mask": stack("input_mask"), "token_type_ids": stack("segment_ids"),
@@ -334,22 +336,17 @@ class PretrainLoader:
     @classmethod
     def from_dir(cls, directory: str | Path, global_batch: int, micro_batch: int, rank: int, world_size: int,
                  seed: int, num_workers: int = 2, prefetch: int = 4, chunk_rows: int = 2048,
-                 vocab_size: int = 30522, special_ids: tuple[int, ...] | None = None,
-                 max_pred: int | None = None) -> "PretrainLoader":
+                 vocab_size: int = 30522, max_pred: int | None = None) -> "PretrainLoader":
         files = shard_files(directory)
         infos = inspect_shards(files)
         accum = batch_arithmetic(global_batch, micro_batch, world_size)
         n_lanes = accum * world_size
         lanes = assign_pieces([i.rows for i in infos], n_lanes)
-        manifest = read_manifest(directory)
         spec = LoaderSpec(
             files=[str(f) for f in files], rows=[i.rows for i in infos], kind=infos[0].kind, lanes=lanes,
             my_lanes=list(range(rank * accum, (rank + 1) * accum)), micro_batch=micro_batch, seed=seed,
             chunk_rows=chunk_rows, vocab_size=vocab_size,
-            max_pred=max_pred or infos[0].max_pred or int(manifest.get("max_pred", 20)),
-            masked_lm_prob=float(manifest.get("masked_lm_prob", 0.15)),
-            special_ids=tuple(special_ids or manifest.get("special_ids") or (0, 101, 102, 103)),
-        )
+            **{"max_pred": max_pred or infos[0].max_pred or 20, **masking_params(files[0])})
         return cls(spec, num_workers, prefetch)
 
     @property
@@ -375,6 +372,30 @@ def _can_fork() -> bool:
     return "fork" in mp.get_all_start_methods()
 
 
+def masking_params(shard: Path) -> dict[str, Any]:
+    """Dynamic masking's parameters from a dynamic-masking shard's attributes (`bertforge.data.shards`):
+    max_pred, masked_lm_prob, special and [MASK] ids, whole-word masking. {} for other kinds."""
+    import h5py
+
+    with h5py.File(shard, "r") as h:
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in h.attrs.items()}
+        if detect_kind(set(h.keys())) != "dynamic":
+            return {}
+    out: dict[str, Any] = {}
+    if "max_pred" in attrs:
+        out["max_pred"] = int(attrs["max_pred"])
+    if "masked_lm_prob" in attrs:
+        out["masked_lm_prob"] = float(attrs["masked_lm_prob"])
+    ids = [int(attrs[k]) for k in ("pad_id", "cls_id", "sep_id") if k in attrs]
+    if ids:
+        out["special_ids"] = tuple(ids)
+    if "mask_id" in attrs:
+        out["mask_id"] = int(attrs["mask_id"])
+    if "wwm" in attrs:
+        out["wwm"] = bool(attrs["wwm"])
+    return out
+
+
 def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> int:
     """Accumulation steps = global / (micro × world); a global batch that does not divide is an error."""
     if global_batch % (micro_batch * world_size):
@@ -386,18 +407,15 @@ def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> in
 
 
 def eval_batches(directory: str | Path, batch_size: int, rank: int = 0, world_size: int = 1,
-                 max_batches: int | None = None, vocab_size: int = 30522, seed: int = 0,
-                 special_ids: tuple[int, ...] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+                 max_batches: int | None = None, vocab_size: int = 30522, seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
     """Held-out batches in file order (no shuffle), rank r taking batches r, r+W, … (for periodic evaluation).
     Dynamic-masking eval shards are masked with a fixed seed, so every evaluation sees the same masks."""
     files = shard_files(directory)
     infos = inspect_shards(files)
-    manifest = read_manifest(directory)
     spec = LoaderSpec(files=[str(f) for f in files], rows=[i.rows for i in infos], kind=infos[0].kind,
                       lanes=[[Piece(s, 0, i.rows) for s, i in enumerate(infos)]], my_lanes=[0],
                       micro_batch=batch_size, seed=seed, shuffle=False, vocab_size=vocab_size,
-                      max_pred=infos[0].max_pred or int(manifest.get("max_pred", 20)),
-                      special_ids=tuple(special_ids or manifest.get("special_ids") or (0, 101, 102, 103)))
+                      **{"max_pred": infos[0].max_pred or 20, **masking_params(files[0])})
     reader = LaneReader(spec, 0)
     total = -(-reader.epoch_rows // batch_size)
     if max_batches:

@@ -187,7 +187,8 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
     model_ddp = ddp.wrap_ddp(model, device, info)
     if cfg.model.compile:
         model_ddp = torch.compile(model_ddp)
-    loader = PretrainLoader.from_dir(d.input_dir, t.global_batch_size, t.micro_batch_size, info.rank,
+    global_rows = rows_per_update(d.input_dir, t.global_batch_size, t.micro_batch_size, info.world_size)
+    loader = PretrainLoader.from_dir(d.input_dir, global_rows, t.micro_batch_size, info.rank,
                                      info.world_size, t.seed, d.num_workers, d.prefetch, d.chunk_rows,
                                      vocab_size=vocab_size)
     accum = loader.accum
@@ -300,6 +301,20 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
 
 
 # ------------------------------------------------------------------------------------------- helpers
+def rows_per_update(directory: str, global_batch: int, micro_batch: int, world_size: int) -> int:
+    """Rows per update: the global batch in sequences, or for packed shards global / avg_seq_per_sample packs
+    rounded to a multiple of micro x world (DESIGN §3.3: an update still sees about the same sequences)."""
+    from bertforge.data.loader import inspect_shards, shard_files
+
+    kind = inspect_shards(shard_files(directory)[:1])[0].kind
+    avg = float(read_manifest(directory).get("avg_seq_per_sample", 1.0)) if kind == "packed" else 1.0
+    if avg <= 1.0:
+        return global_batch
+    unit = micro_batch * world_size
+    return max(unit, round(global_batch / avg / unit) * unit)
+
+
+
 class _Window:
     """Metric sums between two log lines, kept on the device (no host sync per step)."""
 
