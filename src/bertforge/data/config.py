@@ -17,6 +17,16 @@ class DocsConfig:
     """Drop documents shorter than this many characters."""
     num_shards: int = 8
     """Text shards of documents to write."""
+    one_doc_per_file: bool = False
+    """Plain-text sources: each file is one document (otherwise a blank line ends a document)."""
+    workers: int = 0
+    """Worker processes for cleaning (0 = one per CPU core)."""
+
+    def validate(self) -> None:
+        if self.num_shards < 1:
+            raise ConfigError(f"docs.num_shards must be at least 1, got {self.num_shards}")
+        if self.min_doc_chars < 0 or self.workers < 0:
+            raise ConfigError("docs.min_doc_chars and docs.workers must be >= 0")
 
 
 @dataclasses.dataclass
@@ -31,6 +41,14 @@ class VocabConfig:
     """Uncased (lower-case and strip accents), as bert-base-uncased."""
     unused_tokens: int = 0
     """Number of [unusedN] slots to reserve."""
+    min_frequency: int = 2
+    """A piece must occur at least this often to enter a trained vocab."""
+
+    def validate(self) -> None:
+        if self.vocab_file is None and self.vocab_size < 64:
+            raise ConfigError(f"vocab.vocab_size must be at least 64, got {self.vocab_size}")
+        if self.unused_tokens < 0 or self.min_frequency < 1:
+            raise ConfigError("vocab.unused_tokens must be >= 0 and vocab.min_frequency >= 1")
 
 
 @dataclasses.dataclass
@@ -57,14 +75,22 @@ class ShardsConfig:
     """Store unmasked pairs and mask in the loader, a fresh draw every epoch."""
     eval_fraction: float = 0.0
     """Fraction of documents held out into eval shards."""
+    eval_shards: int = 1
+    """Number of eval shards (when eval_fraction > 0)."""
+    workers: int = 0
+    """Worker processes building shards (0 = one per CPU core)."""
 
     def validate(self) -> None:
         if self.seq_len < 8:
             raise ConfigError(f"shards.seq_len must be at least 8, got {self.seq_len}")
         if not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"shards.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
-        if self.max_pred < 1 or self.dupe_factor < 1 or self.num_shards < 1:
-            raise ConfigError("shards.max_pred, shards.dupe_factor and shards.num_shards must be >= 1")
+        if self.max_pred < 1 or self.dupe_factor < 1 or self.num_shards < 1 or self.eval_shards < 1:
+            raise ConfigError("shards.max_pred, dupe_factor, num_shards and eval_shards must be >= 1")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ConfigError(f"shards.short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+        if self.workers < 0:
+            raise ConfigError(f"shards.workers must be >= 0, got {self.workers}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"shards.eval_fraction must be in [0, 1), got {self.eval_fraction}")
 
@@ -75,6 +101,10 @@ class DataPrepConfig:
 
     output_dir: str = "runs/data"
     """Root of the outputs: docs/, vocab/, shards/ (and eval shards) below it."""
+    shards_subdir: str = "shards"
+    """Directory of the training shards, below output_dir."""
+    eval_subdir: str = "eval"
+    """Directory of the held-out eval shards, below output_dir."""
     docs: DocsConfig = dataclasses.field(default_factory=DocsConfig)
     """Corpus and cleaning."""
     vocab: VocabConfig = dataclasses.field(default_factory=VocabConfig)

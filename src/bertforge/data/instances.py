@@ -186,3 +186,155 @@ def reference_mask_tokens(
             masked.append((index, tokens[index]))
     masked.sort()
     return output, [i for i, _ in masked], [t for _, t in masked]
+
+
+# ------------------------------------------------------------------------------------ instance creation
+def create_instance_specs(
+    doc_first: Sequence[int],
+    doc_count: Sequence[int],
+    offsets: Sequence[int],
+    rng: np.random.Generator,
+    max_seq_len: int = 128,
+    short_seq_prob: float = 0.1,
+    dupe_factor: int = 10,
+) -> dict[str, np.ndarray]:
+    """Google BERT's `create_instances_from_document` over all documents, dupe_factor times (DESIGN §3.1).
+
+    The corpus is one flat token array; sentence k is tokens[offsets[k]:offsets[k+1]] (no empty sentences),
+    document d is sentences doc_first[d] .. doc_first[d]+doc_count[d]-1. Since A and B are always runs of
+    consecutive sentences, an instance is just two token ranges: returns int64 arrays `a_start, a_len,
+    b_start, b_len` (after truncation) and int8 `label` (1 = random next), instances in shuffled order.
+
+    Scalar draws come from a `random.Random` seeded by `rng` (Python's scalar draws are ~10x cheaper than a
+    Generator's); truncation is done in closed form: trimming "the longer of A and B, one token at a time"
+    removes a fixed number of tokens from each, and the number taken from the front is Binomial(n, 0.5)
+    (each trim is a fair front/back coin in Google's `truncate_seq_pair`), drawn vectorized.
+    """
+    import random
+
+    r = random.Random(int(rng.integers(0, 2**63)))
+    rand = r.random
+    max_num = max_seq_len - 3
+    ndocs = len(doc_first)
+    off = offsets
+    a_s: list[int] = []
+    a_l: list[int] = []
+    b_s: list[int] = []
+    b_l: list[int] = []
+    lab: list[int] = []
+    order = list(range(ndocs))
+    r.shuffle(order)  # Google shuffles the documents once
+    for _ in range(dupe_factor):
+        for di in order:
+            first, n = doc_first[di], doc_count[di]
+            target = max_num
+            if rand() < short_seq_prob:
+                target = 2 + int(rand() * (max_num - 1))  # randint(2, max_num_tokens)
+            i = 0
+            chunk_n = 0
+            cur = 0
+            while i < n:
+                k = first + i
+                chunk_n += 1
+                cur += off[k + 1] - off[k]
+                if i == n - 1 or cur >= target:
+                    cf = k - chunk_n + 1  # first sentence of the chunk
+                    a_end = 1 if chunk_n < 2 else 1 + int(rand() * (chunk_n - 1))  # randint(1, len-1)
+                    a_start = off[cf]
+                    a_len = off[cf + a_end] - a_start
+                    if chunk_n == 1 or rand() < 0.5:
+                        target_b = target - a_len
+                        rd = di
+                        for _t in range(10):  # up to 10 tries to pick another document
+                            rd = int(rand() * ndocs)
+                            if rd != di:
+                                break
+                        rfirst, rn = doc_first[rd], doc_count[rd]
+                        j = rfirst + int(rand() * rn)  # random start sentence
+                        b_start = off[j]
+                        end = rfirst + rn
+                        while j < end:
+                            j += 1
+                            if off[j] - b_start >= target_b:
+                                break
+                        b_len = off[j] - b_start
+                        # DESIGN §3.1: B from the same document (only document left) is labelled IsNext
+                        label = 1 if rd != di else 0
+                        i -= chunk_n - a_end  # put the unused sentences of the chunk back
+                    else:
+                        b_start = off[cf + a_end]
+                        b_len = off[k + 1] - b_start
+                        label = 0
+                    a_s.append(a_start)
+                    a_l.append(a_len)
+                    b_s.append(b_start)
+                    b_l.append(b_len)
+                    lab.append(label)
+                    chunk_n = 0
+                    cur = 0
+                i += 1
+    specs = {
+        "a_start": np.asarray(a_s, dtype=np.int64),
+        "a_len": np.asarray(a_l, dtype=np.int64),
+        "b_start": np.asarray(b_s, dtype=np.int64),
+        "b_len": np.asarray(b_l, dtype=np.int64),
+        "label": np.asarray(lab, dtype=np.int8),
+    }
+    truncate_specs(specs, max_num, rng)
+    perm = rng.permutation(len(lab))  # Google shuffles all instances
+    return {k: v[perm] for k, v in specs.items()}
+
+
+def truncate_amounts(la: np.ndarray, lb: np.ndarray, max_num: int) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens Google's `truncate_seq_pair` removes from A and from B (it trims the longer, B on ties)."""
+    excess = np.maximum(0, la + lb - max_num)
+    d = np.abs(la - lb)
+    simple = excess <= d  # only the longer one is trimmed
+    rest = np.where(simple, 0, excess - d)  # then both are equal and trims alternate B, A, B, ...
+    ra = np.where(simple, np.where(la > lb, excess, 0), np.where(la > lb, d, 0) + rest // 2)
+    rb = np.where(simple, np.where(la > lb, 0, excess), np.where(la > lb, 0, d) + rest - rest // 2)
+    return ra, rb
+
+
+def truncate_specs(specs: dict[str, np.ndarray], max_num: int, rng: np.random.Generator) -> None:
+    """In place: truncate every (A, B) pair to max_num tokens together; front or back with p=0.5 per token."""
+    ra, rb = truncate_amounts(specs["a_len"], specs["b_len"], max_num)
+    fa = rng.binomial(ra, 0.5)
+    fb = rng.binomial(rb, 0.5)
+    specs["a_start"] += fa
+    specs["a_len"] -= ra
+    specs["b_start"] += fb
+    specs["b_len"] -= rb
+
+
+def reference_truncate(la: int, lb: int, max_num: int) -> tuple[int, int]:
+    """Google's loop, counting removals (the test reference of `truncate_amounts`)."""
+    ra = rb = 0
+    while (la - ra) + (lb - rb) > max_num:
+        if la - ra > lb - rb:
+            ra += 1
+        else:
+            rb += 1
+    return ra, rb
+
+
+def build_rows(
+    tokens: np.ndarray, specs: dict[str, np.ndarray], seq_len: int, cls_id: int, sep_id: int
+) -> dict[str, np.ndarray]:
+    """`[CLS] A [SEP] B [SEP]` rows, 0-padded: input_ids (N,S) int32, input_mask (N,S) int8, segment_ids (N,S) int8."""
+    c = np.arange(seq_len)[None, :]  # (1, S)
+    la = specs["a_len"][:, None]  # (N, 1)
+    lb = specs["b_len"][:, None]
+    total = la + lb + 3
+    in_a = (c >= 1) & (c <= la)  # (N, S)
+    in_b = (c >= la + 2) & (c < total - 1)
+    src = np.where(in_a, specs["a_start"][:, None] + c - 1, np.where(in_b, specs["b_start"][:, None] + c - la - 2, 0))
+    ids = np.where(in_a | in_b, tokens[src] if tokens.size else 0, 0).astype(np.int32)
+    ids[:, 0] = cls_id
+    ids = np.where((c == la + 1) | (c == total - 1), np.int32(sep_id), ids)
+    return {
+        "input_ids": ids,
+        "input_mask": (c < total).astype(np.int8),
+        # segment 0: [CLS] A [SEP]; segment 1: B [SEP]
+        "segment_ids": ((c >= la + 2) & (c < total)).astype(np.int8),
+    }

@@ -203,3 +203,62 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); delete it and re-run `bertforge data shards`") from e
+
+
+class ShardWriter:
+    """Write a shard block by block (bounded memory), atomically: datasets are pre-sized, rows written in
+    order, and the file is renamed into place on `close()`; `abort()` (or an exception in a `with`) removes it.
+
+        with ShardWriter(path, {"input_ids": ((N, S), np.int32), ...}, attrs) as w:
+            w.write(0, {"input_ids": block, ...})
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        layout: Mapping[str, tuple[tuple[int, ...], Any]],
+        attrs: Mapping[str, Any] | None = None,
+        compression_level: int = 1,
+        chunk_rows: int = 4096,
+    ):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        self.f = h5py.File(self.tmp, "w", track_order=True)
+        for name, (shape, dtype) in layout.items():
+            empty = 0 in shape
+            self.f.create_dataset(
+                name,
+                shape=shape,
+                dtype=dtype,
+                compression=None if empty else "gzip",
+                compression_opts=None if empty else compression_level,
+                chunks=None if empty else (min(shape[0], chunk_rows),) + tuple(shape[1:]),
+                track_times=False,
+            )
+        for k, v in (attrs or {}).items():
+            self.f.attrs[k] = v
+
+    def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
+        for name, arr in arrays.items():
+            self.f[name][start : start + arr.shape[0]] = arr
+
+    def close(self) -> Path:
+        self.f.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        try:
+            self.f.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,458 @@
+"""`bertforge data shards`: documents -> pre-training instances -> HDF5 shards, streamed and parallel.
+
+1. One streaming pass over the document files assigns every document to an output shard (a seeded draw per
+   document, so the assignment is fixed by the seed and the shard count) and appends its text to that shard's
+   spill file. Nothing but the current document is held in memory.
+2. A bounded pool (one worker per core, `fork` where available) builds the shards: a worker reads only its
+   spill file, tokenizes it in batches with HF `tokenizers` (`encode_batch_fast`), keeps the tokens as one
+   int32 array, runs Google's instance algorithm (`instances.create_instance_specs`) on sentence offsets,
+   then builds, masks and writes rows in blocks of `BLOCK_ROWS` (`ShardWriter`), so its memory is about
+   4 bytes per token of its own shard plus a constant.
+3. `manifest.json` records parameters, counts, the vocab hash and a sha256 per shard.
+
+Each shard's generator is `numpy.random.default_rng([seed, shard_index, kind])` (distinct per shard and for
+eval shards); a re-run skips shards whose file exists with the same parameter hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import itertools
+import json
+import multiprocessing as mp
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from bertforge.data import shards as shardio
+from bertforge.errors import UserError
+
+BLOCK_ROWS = 4096
+"""Rows built, masked and written at a time (bounds a worker's memory)."""
+TOKENIZE_LINES = 8192
+"""Lines per `encode_batch_fast` call."""
+ASSIGN_DRAWS = 1 << 16
+
+
+@dataclasses.dataclass
+class ShardParams:
+    """Everything that determines a shard's bytes (hashed into each shard and the manifest)."""
+
+    seq_len: int = 128
+    max_pred: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 10
+    num_shards: int = 16
+    seed: int = 12345
+    wwm: bool = False
+    dynamic_masking: bool = False
+    eval_fraction: float = 0.0
+    eval_shards: int = 1
+
+    def validate(self) -> None:
+        if self.seq_len < 8:
+            raise UserError(f"--seq-len must be at least 8 ([CLS] A [SEP] B [SEP] needs room), got {self.seq_len}")
+        if self.max_pred < 1 or self.dupe_factor < 1 or self.num_shards < 1 or self.eval_shards < 1:
+            raise UserError("--max-pred, --dupe-factor and --shards must be at least 1")
+        if not 0 < self.masked_lm_prob < 1 or not 0 <= self.short_seq_prob <= 1:
+            raise UserError("masked_lm_prob must be in (0, 1) and short_seq_prob in [0, 1]")
+        if not 0 <= self.eval_fraction < 1:
+            raise UserError(f"eval fraction must be in [0, 1), got {self.eval_fraction}")
+
+
+# ------------------------------------------------------------------------------------------- documents in
+def document_files(docs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """Document text files: a directory (its *.txt, numerically sorted), files, or globs."""
+    items = [docs] if isinstance(docs, (str, os.PathLike)) else list(docs)
+    files: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            files += sorted(p.glob("*.txt"), key=shardio._natural_key)
+        elif p.is_file():
+            files.append(p)
+        else:
+            hits = sorted(glob.glob(str(item)))
+            if not hits:
+                raise UserError(f"documents {item} not found (a directory of .txt files, a file or a glob)")
+            files += [Path(h) for h in hits]
+    if not files:
+        raise UserError(f"no document files (*.txt) in {docs}; run `bertforge data docs` or `data wiki` first")
+    return files
+
+
+def iter_documents(files: Sequence[Path]) -> Iterator[str]:
+    """Each document's text (sentence lines joined by newlines); a blank line ends a document."""
+    for path in files:
+        lines: list[str] = []
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    s = line.strip()
+                    if s:
+                        lines.append(s)
+                    elif lines:
+                        yield "\n".join(lines)
+                        lines = []
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path} is not UTF-8 text ({e}); convert it or clean it with `bertforge data docs`") from e
+        if lines:
+            yield "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- the worker
+@dataclasses.dataclass
+class Job:
+    index: int
+    kind: str  # "train" | "eval"
+    spill: str
+    out: str
+    params: dict[str, Any]
+    params_hash: str
+    vocab: str
+    lowercase: bool | None
+
+
+_TOKENIZER_CACHE: dict[tuple[str, bool | None], Any] = {}
+
+
+def _tokenizer(path: str, lowercase: bool | None):
+    key = (path, lowercase)
+    if key not in _TOKENIZER_CACHE:
+        from bertforge.data.vocab import load_tokenizer
+
+        _TOKENIZER_CACHE[key] = load_tokenizer(path, lowercase)
+    return _TOKENIZER_CACHE[key]
+
+
+def tokenize_spill(path: str, tok) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Tokenize one spill file: (tokens int32, sentence offsets, doc_first, doc_count, lines)."""
+    tok_chunks: list[np.ndarray] = []
+    len_chunks: list[np.ndarray] = []
+    doc_chunks: list[np.ndarray] = []
+    lines: list[str] = []
+    line_doc: list[int] = []
+    doc = 0
+    open_doc = False
+    n_lines = 0
+
+    def flush() -> None:
+        encs = tok.encode_batch_fast(lines, add_special_tokens=False)
+        ids = [e.ids for e in encs]
+        lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        tok_chunks.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum())))
+        len_chunks.append(lens)
+        doc_chunks.append(np.asarray(line_doc, dtype=np.int64))
+        lines.clear()
+        line_doc.clear()
+
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line == "\n":
+                if open_doc:
+                    doc += 1
+                    open_doc = False
+                continue
+            lines.append(line)
+            line_doc.append(doc)
+            open_doc = True
+            n_lines += 1
+            if len(lines) >= TOKENIZE_LINES:
+                flush()
+    if lines:
+        flush()
+    if not tok_chunks:
+        empty = np.zeros(0, np.int64)
+        return np.zeros(0, np.int32), np.zeros(1, np.int64), empty, empty, 0
+    tokens = np.concatenate(tok_chunks)
+    lens = np.concatenate(len_chunks)
+    sent_doc = np.concatenate(doc_chunks)
+    keep = lens > 0  # Google drops lines that tokenize to nothing (and so documents left empty)
+    lens, sent_doc = lens[keep], sent_doc[keep]
+    offsets = np.concatenate([[0], np.cumsum(lens)])
+    starts = np.flatnonzero(np.r_[True, sent_doc[1:] != sent_doc[:-1]]) if sent_doc.size else np.zeros(0, np.int64)
+    counts = np.diff(np.r_[starts, sent_doc.size])
+    return tokens, offsets, starts, counts, n_lines
+
+
+def build_shard(job: Job) -> dict[str, Any]:
+    """Build one shard from its spill file; returns its manifest entry."""
+    from bertforge.data.instances import build_rows, create_instance_specs, mask_batch
+    from bertforge.data.vocab import continuation_table, special_ids
+
+    t0 = time.perf_counter()
+    p = ShardParams(**job.params)
+    out = Path(job.out)
+    if out.is_file():
+        try:
+            attrs = shardio.read_attrs(out)
+        except UserError:
+            attrs = {}
+        if attrs.get("bertforge_params") == job.params_hash:
+            return _entry(out, job, int(attrs.get("documents", 0)), int(attrs.get("tokens", 0)), skipped=True)
+    tok = _tokenizer(job.vocab, job.lowercase)
+    sp = special_ids(tok, job.vocab)
+    vocab_size = tok.get_vocab_size()
+    tokens, offsets, doc_first, doc_count, _ = tokenize_spill(job.spill, tok)
+    kind_code = 0 if job.kind == "train" else 1
+    rng = np.random.default_rng([p.seed, job.index, kind_code])  # distinct stream per shard
+    specs = create_instance_specs(
+        doc_first.tolist(), doc_count.tolist(), offsets.tolist(), rng, p.seq_len, p.short_seq_prob, p.dupe_factor
+    )
+    n = int(specs["label"].shape[0])
+    S, P = p.seq_len, p.max_pred
+    cont = continuation_table(tok) if p.wwm else None
+    attrs: dict[str, Any] = {
+        "bertforge_params": job.params_hash,
+        "documents": int(doc_first.size),
+        "tokens": int(tokens.size),
+        "vocab_size": vocab_size,
+        "max_pred": P,
+        "masked_lm_prob": p.masked_lm_prob,
+        "cls_id": sp["cls"],
+        "sep_id": sp["sep"],
+        "pad_id": sp.get("pad", 0),
+        "mask_id": sp["mask"],
+        "wwm": p.wwm,
+    }
+    layout: dict[str, tuple[tuple[int, ...], Any]] = {
+        "input_ids": ((n, S), np.int32),
+        "input_mask": ((n, S), np.int8),
+        "segment_ids": ((n, S), np.int8),
+    }
+    if p.dynamic_masking:
+        attrs[shardio.KIND_ATTR] = "dynamic"
+        if p.wwm:
+            layout["word_starts"] = ((n, S), np.int8)
+    else:
+        layout["masked_lm_positions"] = ((n, P), np.int32)
+        layout["masked_lm_ids"] = ((n, P), np.int32)
+    layout["next_sentence_labels"] = ((n,), np.int8)
+    specials = (sp.get("pad", 0), sp["cls"], sp["sep"])
+    with shardio.ShardWriter(out, layout, attrs, chunk_rows=BLOCK_ROWS) as w:
+        for start in range(0, n, BLOCK_ROWS):
+            block = {k: v[start : start + BLOCK_ROWS] for k, v in specs.items()}
+            rows = build_rows(tokens, block, S, sp["cls"], sp["sep"])  # (b, S) each
+            starts = None
+            if cont is not None:
+                starts = ~cont[rows["input_ids"]]  # (b, S): 1 where a token starts a word
+            if p.dynamic_masking:
+                if starts is not None:
+                    rows["word_starts"] = starts.astype(np.int8)
+            else:
+                lengths = rows["input_mask"].sum(axis=1, dtype=np.int64)
+                ids, pos, lab = mask_batch(
+                    rows["input_ids"], lengths, rng, vocab_size, P, p.masked_lm_prob, specials, sp["mask"], starts
+                )
+                rows.update(input_ids=ids, masked_lm_positions=pos, masked_lm_ids=lab)
+            rows["next_sentence_labels"] = block["label"]
+            w.write(start, rows)
+    return _entry(out, job, int(doc_first.size), int(tokens.size), seconds=time.perf_counter() - t0)
+
+
+def _entry(out: Path, job: Job, docs: int, tokens: int, skipped: bool = False, seconds: float = 0.0) -> dict[str, Any]:
+    import h5py
+
+    with h5py.File(out, "r") as f:
+        n = int(f["input_ids"].shape[0])
+        nsp = int(np.asarray(f["next_sentence_labels"][()], dtype=np.int64).sum()) if n else 0
+    return {
+        "file": out.name,
+        "kind": job.kind,
+        "index": job.index,
+        "instances": n,
+        "random_next": nsp,
+        "documents": docs,
+        "tokens": tokens,
+        "sha256": shardio.file_sha256(out),
+        "skipped": skipped,
+        "seconds": round(seconds, 3),
+    }
+
+
+# ------------------------------------------------------------------------------------------- the driver
+def params_hash(params: ShardParams, vocab_sha: str, docs_sig: str) -> str:
+    blob = json.dumps({"params": dataclasses.asdict(params), "vocab": vocab_sha, "docs": docs_sig}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _docs_signature(files: Sequence[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _check_writable(d: Path) -> None:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another --out") from e
+
+
+def run_shards(
+    docs: str | os.PathLike | Sequence[str | os.PathLike],
+    vocab: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    params: ShardParams,
+    eval_dir: str | os.PathLike | None = None,
+    lowercase: bool | None = None,
+    workers: int | None = None,
+    log=print,
+) -> dict[str, Any]:
+    """Write `params.num_shards` training shards into out_dir (and eval shards into eval_dir); the manifest."""
+    from bertforge.data.vocab import load_tokenizer, special_ids, vocab_hash
+
+    params.validate()
+    files = document_files(docs)
+    out = Path(out_dir)
+    _check_writable(out)
+    ev = Path(eval_dir) if eval_dir is not None and params.eval_fraction > 0 else None
+    if ev is not None:
+        _check_writable(ev)
+    # load once here to fail early on a bad vocab (the workers load their own copy)
+    tok = load_tokenizer(vocab, lowercase)
+    sp = special_ids(tok, vocab)
+    vocab_size = tok.get_vocab_size()
+    del tok
+    vsha = vocab_hash(vocab)
+    phash = params_hash(params, vsha, _docs_signature(files))
+
+    # 1. stream the documents into per-shard spill files
+    t0 = time.perf_counter()
+    spill_dir = out / f".spill-{os.getpid()}"
+    spill_dir.mkdir(parents=True, exist_ok=True)
+    jobs: list[Job] = []
+    names = [("train", i, out / f"train_{i}.hdf5") for i in range(params.num_shards)]
+    if ev is not None:
+        names += [("eval", i, ev / f"eval_{i}.hdf5") for i in range(params.eval_shards)]
+    n_workers = max(1, min(workers or (os.cpu_count() or 1), len(names)))
+    for kind, i, path in names:
+        jobs.append(
+            Job(i, kind, str(spill_dir / f"{kind}_{i}.txt"), str(path), dataclasses.asdict(params), phash,
+                str(vocab), lowercase)
+        )
+    try:
+        n_docs, n_chars = _spill(files, jobs, params)
+        if n_docs == 0:
+            raise UserError(f"no documents in {', '.join(map(str, files[:3]))}: the corpus is empty")
+        log(f"data shards: {n_docs} documents ({n_chars / 1e6:.1f} M chars) assigned to {len(jobs)} shards "
+            f"in {time.perf_counter() - t0:.1f}s; building with {n_workers} worker(s)")
+        entries = _run_jobs(jobs, n_workers, log, t0)
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
+    wall = time.perf_counter() - t0
+    manifest_common = {
+        "format": "bertforge-dynamic" if params.dynamic_masking else "nvidia-hdf5",
+        "kind": "dynamic" if params.dynamic_masking else "nvidia",
+        "params": dataclasses.asdict(params),
+        "seq_len": params.seq_len,
+        "max_pred": params.max_pred,
+        "masked_lm_prob": params.masked_lm_prob,
+        "wwm": params.wwm,
+        "vocab": str(vocab),
+        "vocab_sha256": vsha,
+        "vocab_size": vocab_size,
+        "special_ids": [sp.get("pad", 0), sp["cls"], sp["sep"]],
+        "mask_id": sp["mask"],
+        "params_hash": phash,
+        "documents_source": [str(f) for f in files],
+    }
+    result: dict[str, Any] = {"wall_s": wall}
+    for kind, d in (("train", out), ("eval", ev)):
+        if d is None:
+            continue
+        mine = sorted((e for e in entries if e["kind"] == kind), key=lambda e: e["index"])
+        manifest = dict(manifest_common, split=kind, shards=mine,
+                        instances=sum(e["instances"] for e in mine),
+                        documents=sum(e["documents"] for e in mine),
+                        tokens=sum(e["tokens"] for e in mine))
+        shardio.write_manifest(d, manifest)
+        result[kind] = manifest
+    total = sum(e["instances"] for e in entries)
+    log(f"data shards: {total} instances in {len(entries)} shards, {wall:.1f}s "
+        f"({n_docs / wall:,.0f} docs/s, {sum(e['tokens'] for e in entries) / wall / 1e6:.2f} M tokens/s)")
+    return result
+
+
+def _spill(files: Sequence[Path], jobs: Sequence[Job], params: ShardParams) -> tuple[int, int]:
+    """Assign each document to a shard (seeded) and append it to that shard's spill file."""
+    n_train = params.num_shards
+    n_eval = sum(1 for j in jobs if j.kind == "eval")
+    rng = np.random.default_rng([params.seed, 2**31])  # the assignment stream, separate from the shards'
+    handles = [open(j.spill, "w", encoding="utf-8", buffering=1 << 20) for j in jobs]
+    n_docs = n_chars = 0
+    try:
+        draws = iter(())
+        for text in iter_documents(files):
+            try:
+                u, v = next(draws)
+            except StopIteration:
+                block = rng.random((ASSIGN_DRAWS, 2))
+                draws = iter(block.tolist())
+                u, v = next(draws)
+            if n_eval and u < params.eval_fraction:
+                k = n_train + int(v * n_eval)
+            else:
+                k = int(v * n_train)
+            handles[k].write(text)
+            handles[k].write("\n\n")
+            n_docs += 1
+            n_chars += len(text)
+    finally:
+        for h in handles:
+            h.close()
+    return n_docs, n_chars
+
+
+def _worker_init() -> None:
+    # one worker per core: tokenizers' own thread pool would only oversubscribe the cores
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[str, Any]]:
+    entries: list[dict[str, Any]] = []
+    done_tokens = 0
+
+    def report(e: dict[str, Any]) -> None:
+        nonlocal done_tokens
+        entries.append(e)
+        done_tokens += e["tokens"]
+        el = time.perf_counter() - t0
+        docs = sum(x["documents"] for x in entries)
+        log(f"  shard {len(entries)}/{len(jobs)} {e['file']}: {e['instances']} instances"
+            f"{' (kept, already finished)' if e['skipped'] else ''} | {docs / el:,.0f} docs/s | "
+            f"{done_tokens / el / 1e6:.2f} M tokens/s")
+
+    if n_workers == 1:
+        for j in jobs:
+            report(build_shard(j))
+        return entries
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # before forking: no tokenizer thread pool in the children
+    try:
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        ctx = mp.get_context(method)
+        with ctx.Pool(n_workers, initializer=_worker_init) as pool:
+            # largest spill first: better load balance
+            order = sorted(jobs, key=lambda j: -os.path.getsize(j.spill))
+            for e in pool.imap_unordered(build_shard, order, chunksize=1):
+                report(e)
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+    return entries
+

@@ -1,0 +1,165 @@
+"""`bertforge data {wiki,docs,vocab,shards,prepare,inspect}`: the data chain, one step or all of it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bertforge.errors import UserError
+
+
+def data_add(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="data_command", metavar="STEP", parser_class=type(p), required=True)
+
+    w = sub.add_parser("wiki", help="Wikipedia pages-articles dump (.xml/.xml.bz2) -> documents")
+    w.add_argument("--dump", required=True, help="pages-articles dump, .xml or .xml.bz2 (streamed)")
+    w.add_argument("--out", required=True, help="output directory of document text shards")
+    _docs_common(w)
+
+    d = sub.add_parser("docs", help="text files/globs, WikiExtractor dirs, hf:NAME, builtin:python-docs -> documents")
+    d.add_argument("--source", required=True,
+                   help="file, glob, directory, WikiExtractor dir, .xml[.bz2] dump, hf:NAME[:CONFIG] or builtin:python-docs")
+    d.add_argument("--out", required=True, help="output directory of document text shards")
+    d.add_argument("--one-doc-per-file", action="store_true", help="each text file is one document")
+    _docs_common(d)
+
+    v = sub.add_parser("vocab", help="train a WordPiece vocab on documents (or convert an existing one)")
+    v.add_argument("--docs", help="document directory/files/glob to train on")
+    v.add_argument("--from", dest="from_vocab", help="an existing vocab.txt/tokenizer.json to write as both files")
+    v.add_argument("--out", required=True, help="output directory for vocab.txt and tokenizer.json")
+    v.add_argument("--vocab-size", type=int, default=30522)
+    v.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+    v.add_argument("--unused", type=int, default=0, help="[unusedN] slots to reserve")
+    v.add_argument("--min-frequency", type=int, default=2)
+
+    s = sub.add_parser("shards", help="documents -> pre-training instances -> NVIDIA HDF5 shards")
+    s.add_argument("--docs", required=True, help="document directory (its *.txt), file or glob")
+    s.add_argument("--vocab", required=True, help="vocab.txt, tokenizer.json or a directory holding one")
+    s.add_argument("--out", required=True, help="output directory of the training shards")
+    s.add_argument("--seq-len", type=int, default=128, help="max_seq_length")
+    s.add_argument("--max-pred", type=int, default=20, help="max_predictions_per_seq")
+    s.add_argument("--masked-lm-prob", type=float, default=0.15)
+    s.add_argument("--short-seq-prob", type=float, default=0.1)
+    s.add_argument("--dupe-factor", type=int, default=10)
+    s.add_argument("--shards", type=int, default=16, help="number of training shards")
+    s.add_argument("--seed", type=int, default=12345)
+    s.add_argument("--wwm", action="store_true", help="whole-word masking")
+    s.add_argument("--dynamic-masking", action="store_true", help="store unmasked pairs; the loader masks each epoch")
+    s.add_argument("--eval-out", help="directory of held-out eval shards (with --eval-fraction)")
+    s.add_argument("--eval-fraction", type=float, default=0.0, help="fraction of documents held out for eval")
+    s.add_argument("--eval-shards", type=int, default=1)
+    s.add_argument("--cased", action="store_true", help="a vocab.txt is cased (default: guessed from the file)")
+    s.add_argument("--workers", type=int, default=0, help="worker processes (0 = one per CPU core)")
+
+    pr = sub.add_parser("prepare", help="the whole chain (docs -> vocab -> shards) from one config")
+    pr.add_argument("--config", default="demo", help="preset name (configs/data/NAME.yaml) or a YAML path")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+
+    i = sub.add_parser("inspect", help="statistics of NVIDIA-format, dynamic or packed shards")
+    i.add_argument("paths", nargs="+", help="shard files or directories")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    i.add_argument("--plot", help="write histograms to this PNG")
+
+
+def _docs_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shards", type=int, default=8, help="document text shards to write")
+    p.add_argument("--min-doc-chars", type=int, default=200, help="drop shorter documents")
+    p.add_argument("--workers", type=int, default=0, help="worker processes (0 = one per CPU core)")
+
+
+def data_run(args: argparse.Namespace) -> int:
+    cmd = args.data_command
+    if cmd == "wiki":
+        from bertforge.data.documents import run_wiki
+
+        run_wiki(args.dump, args.out, args.shards, args.min_doc_chars, args.workers or None)
+    elif cmd == "docs":
+        from bertforge.data.documents import run_docs
+
+        run_docs(args.source, args.out, args.shards, args.min_doc_chars, args.one_doc_per_file, args.workers or None)
+    elif cmd == "vocab":
+        run_vocab(args.docs, args.out, args.vocab_size, not args.cased, args.unused, args.min_frequency,
+                  args.from_vocab)
+    elif cmd == "shards":
+        from bertforge.data.build import ShardParams, run_shards
+
+        params = ShardParams(
+            seq_len=args.seq_len, max_pred=args.max_pred, masked_lm_prob=args.masked_lm_prob,
+            short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, num_shards=args.shards,
+            seed=args.seed, wwm=args.wwm, dynamic_masking=args.dynamic_masking,
+            eval_fraction=args.eval_fraction if args.eval_out else 0.0, eval_shards=args.eval_shards,
+        )
+        run_shards(args.docs, args.vocab, args.out, params, eval_dir=args.eval_out,
+                   lowercase=False if args.cased else None, workers=args.workers or None)
+    elif cmd == "prepare":
+        from bertforge.config import load_config
+
+        run_prepare(load_config("data", args.config, args.set))
+    elif cmd == "inspect":
+        from bertforge.data.inspect import run_inspect
+
+        return run_inspect(args.paths, args.json, args.plot)
+    return 0
+
+
+def run_vocab(docs: str | None, out: str | os.PathLike, vocab_size: int = 30522, lowercase: bool = True,
+              unused: int = 0, min_frequency: int = 2, from_vocab: str | None = None, log=print) -> Path:
+    """Train a WordPiece vocab on documents, or write an existing vocab as vocab.txt + tokenizer.json."""
+    from bertforge.data.build import document_files
+    from bertforge.data.vocab import load_tokenizer, save_tokenizer, train_wordpiece
+
+    t0 = time.perf_counter()
+    out = Path(out)
+    if from_vocab:
+        tok = load_tokenizer(from_vocab, lowercase)
+        save_tokenizer(tok, out)
+    else:
+        if not docs:
+            raise UserError("data vocab needs --docs (documents to train on) or --from (an existing vocab)")
+        tok = train_wordpiece(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
+    log(f"data vocab: {tok.get_vocab_size()} tokens -> {out}/vocab.txt, tokenizer.json "
+        f"({time.perf_counter() - t0:.1f}s)")
+    return out
+
+
+def run_prepare(cfg: Any, log=print) -> dict[str, Any]:
+    """`bertforge data prepare`: documents -> vocab -> shards (+ eval shards) under cfg.output_dir.
+
+    Each step skips work that is already done with the same settings (the document manifest, an existing
+    vocab dir, finished shards), so a re-run after an interruption resumes.
+    """
+    from bertforge.config import save_config
+    from bertforge.data.build import ShardParams, run_shards
+    from bertforge.data.documents import run_docs
+
+    root = Path(cfg.output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    docs_dir, vocab_dir = root / "docs", root / "vocab"
+    shards_dir, eval_dir = root / cfg.shards_subdir, root / cfg.eval_subdir
+    run_docs(cfg.docs.source, docs_dir, cfg.docs.num_shards, cfg.docs.min_doc_chars, cfg.docs.one_doc_per_file,
+             cfg.docs.workers or None, log)
+    if cfg.vocab.vocab_file:
+        vocab = run_vocab(None, vocab_dir, lowercase=cfg.vocab.lowercase, from_vocab=cfg.vocab.vocab_file, log=log)
+    elif (vocab_dir / "vocab.txt").is_file() and (vocab_dir / "tokenizer.json").is_file():
+        log(f"data vocab: {vocab_dir} exists; delete it to retrain")
+        vocab = vocab_dir
+    else:
+        vocab = run_vocab(str(docs_dir), vocab_dir, cfg.vocab.vocab_size, cfg.vocab.lowercase,
+                          cfg.vocab.unused_tokens, cfg.vocab.min_frequency, log=log)
+    s = cfg.shards
+    params = ShardParams(
+        seq_len=s.seq_len, max_pred=s.max_pred, masked_lm_prob=s.masked_lm_prob, short_seq_prob=s.short_seq_prob,
+        dupe_factor=s.dupe_factor, num_shards=s.num_shards, seed=s.seed, wwm=s.wwm,
+        dynamic_masking=s.dynamic_masking, eval_fraction=s.eval_fraction, eval_shards=s.eval_shards,
+    )
+    result = run_shards(docs_dir, vocab_dir / "tokenizer.json", shards_dir, params,
+                        eval_dir=eval_dir if s.eval_fraction > 0 else None, workers=s.workers or None, log=log)
+    save_config(cfg, root / "data_config.yaml")
+    log(f"data prepare: done in {time.perf_counter() - t0:.1f}s -> {shards_dir}"
+        + (f", {eval_dir}" if s.eval_fraction > 0 else ""))
+    del vocab
+    return result

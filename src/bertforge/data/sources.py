@@ -1,0 +1,384 @@
+"""Corpus readers. Each yields raw documents as `(title, text)`; `documents.py` cleans and segments them.
+
+Sources (`SOURCE` of `bertforge data docs --source`, or `--dump` of `data wiki`):
+
+- `F.xml` / `F.xml.bz2`: a MediaWiki pages-articles dump, streamed with `xml.etree.ElementTree.iterparse`
+  (bz2 decompressed on the fly; the parsed page is cleared right away, so memory stays flat). Article
+  namespace (0) only; redirects skipped. Wikitext -> prose happens in `wikitext_to_text` (mwparserfromhell).
+- a WikiExtractor output directory (files of `<doc id=... title=...>` ... `</doc>` blocks; the first line of
+  a block is the title and is dropped).
+- text files and globs: a blank line ends a document (or `one_doc_per_file`). A file in WikiText's raw
+  format (first non-blank line ` = Title = `) is read as WikiText: a top-level ` = Title = ` heading starts
+  a new document, ` = = Section = = ` headings are dropped, WikiText's `@-@`, `@,@`, `@.@` joiners are undone.
+- `hf:NAME[:CONFIG]`: a Hugging Face dataset; a local directory saved with `save_to_disk` or a local data
+  file always work; a hub name needs the network (an offline run gets a clear error). The `text` column
+  (or the first string column) is used, one document per row.
+- `builtin:python-docs`: the running Python's documentation topics (`pydoc_data.topics`) and the docstrings
+  of its standard-library modules, classes and functions: a few MB of English prose with no download.
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import io
+import os
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Iterator
+
+from bertforge.errors import UserError
+
+Doc = tuple[str, str]
+
+WIKITEXT_HEADING = re.compile(r"^ ?= (?!=)(.*) = ?$")
+WIKITEXT_SUBHEADING = re.compile(r"^ ?(= ){2,}.*( =){2,} ?$")
+WIKITEXT_JOINERS = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+
+
+def iter_source(source: str, one_doc_per_file: bool = False) -> Iterator[Doc]:
+    """Raw documents of any supported source (see the module docstring)."""
+    if source.startswith("builtin:"):
+        name = source.partition(":")[2]
+        if name != "python-docs":
+            raise UserError(f"unknown built-in corpus {source!r}; the built-in corpus is builtin:python-docs")
+        return iter_python_docs()
+    if source.startswith("hf:"):
+        return iter_hf(source[3:])
+    path = Path(source)
+    if path.is_dir():
+        if _is_wikiextractor_dir(path):
+            return iter_wikiextractor(path)
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        return _iter_files(files, one_doc_per_file)
+    if path.is_file():
+        if path.name.endswith((".xml", ".xml.bz2")):
+            return (doc for doc in iter_wiki_dump(path))
+        return _iter_files([path], one_doc_per_file)
+    hits = sorted(glob.glob(source, recursive=True))
+    if not hits:
+        raise UserError(
+            f"corpus source {source!r} not found: give a file, a glob, a directory, a .xml[.bz2] dump, "
+            "hf:NAME[:CONFIG] or builtin:python-docs"
+        )
+    return _iter_files([Path(h) for h in hits if Path(h).is_file()], one_doc_per_file)
+
+
+# ------------------------------------------------------------------------------------------- text files
+def _read_text(path: Path) -> Iterator[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            yield from f
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{path} is not valid UTF-8 (byte {e.start}: {e.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
+        ) from e
+
+
+def _is_wikitext(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.strip():
+                    return bool(WIKITEXT_HEADING.match(line.rstrip("\n")))
+    except OSError:
+        return False
+    return False
+
+
+def _iter_files(files: list[Path], one_doc_per_file: bool) -> Iterator[Doc]:
+    for path in files:
+        if path.name.endswith((".xml", ".xml.bz2")):
+            yield from iter_wiki_dump(path)
+        elif _is_wikitext(path):
+            yield from iter_wikitext(path)
+        elif one_doc_per_file:
+            text = "".join(_read_text(path))
+            if text.strip():
+                yield path.stem, text
+        else:
+            lines: list[str] = []
+            for line in _read_text(path):
+                if line.strip():
+                    lines.append(line)
+                elif lines:
+                    yield path.stem, "".join(lines)
+                    lines = []
+            if lines:
+                yield path.stem, "".join(lines)
+
+
+def iter_wikitext(path: Path) -> Iterator[Doc]:
+    """WikiText raw format: ` = Title = ` starts an article; sub-headings dropped; paragraphs kept."""
+    title, paras = "", []
+    for line in _read_text(path):
+        s = line.rstrip("\n")
+        if WIKITEXT_SUBHEADING.match(s):
+            continue
+        m = WIKITEXT_HEADING.match(s)
+        if m:
+            if paras:
+                yield title, "\n\n".join(paras)
+            title, paras = m.group(1).strip(), []
+            continue
+        s = s.strip()
+        if s:
+            for a, b in WIKITEXT_JOINERS:
+                s = s.replace(a, b)
+            paras.append(s)
+    if paras:
+        yield title, "\n\n".join(paras)
+
+
+# ------------------------------------------------------------------------------------------- WikiExtractor
+_DOC_OPEN = re.compile(r'^<doc id="[^"]*"(?: url="[^"]*")? title="([^"]*)"[^>]*>\s*$')
+
+
+def _is_wikiextractor_dir(path: Path) -> bool:
+    for p in sorted(path.rglob("*"))[:50]:
+        if p.is_file():
+            try:
+                with open(p, encoding="utf-8", errors="replace") as f:
+                    return bool(_DOC_OPEN.match(f.readline()))
+            except OSError:
+                return False
+    return False
+
+
+def iter_wikiextractor(path: Path) -> Iterator[Doc]:
+    """`<doc id=.. url=.. title=..>` blocks of WikiExtractor output; the title line after the tag is dropped."""
+    for f in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        title, body, inside = "", [], False
+        for line in _read_text(f):
+            m = _DOC_OPEN.match(line)
+            if m:
+                title, body, inside = m.group(1), [], True
+            elif line.startswith("</doc>"):
+                if inside:
+                    # WikiExtractor repeats the title as the first line of the body
+                    if body and body[0].strip() == title.strip():
+                        body = body[1:]
+                    yield title, "".join(body)
+                inside = False
+            elif inside:
+                body.append(line)
+
+
+# ------------------------------------------------------------------------------------------- Wikipedia dumps
+def _local(tag: str) -> str:
+    return tag.rpartition("}")[2]
+
+
+def iter_wiki_dump(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
+    """(title, wikitext) of article pages (namespace 0, not redirects) of a .xml or .xml.bz2 dump, streamed."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"Wikipedia dump {path} does not exist")
+    raw: io.BufferedIOBase = bz2.open(path, "rb") if path.suffix == ".bz2" else open(path, "rb")
+    try:
+        context = ET.iterparse(raw, events=("start", "end"))
+        root = None
+        for event, elem in context:
+            if root is None:
+                root = elem
+            if event != "end" or _local(elem.tag) != "page":
+                continue
+            ns = title = text = None
+            redirect = False
+            for child in elem.iter():
+                name = _local(child.tag)
+                if name == "ns":
+                    ns = (child.text or "").strip()
+                elif name == "title" and title is None:
+                    title = child.text or ""
+                elif name == "redirect":
+                    redirect = True
+                elif name == "text":
+                    text = child.text or ""
+            if ns in ("0", None) and not redirect and text and not text.lstrip().lower().startswith("#redirect"):
+                yield title or "", text
+            elem.clear()
+            root.clear()  # drop finished pages from the tree: memory stays flat
+    except (OSError, EOFError) as e:
+        raise UserError(f"Wikipedia dump {path} is corrupt or truncated ({e}); download it again") from e
+    except ET.ParseError as e:
+        raise UserError(f"Wikipedia dump {path} is not valid XML ({e}); is it a pages-articles dump?") from e
+    finally:
+        raw.close()
+
+
+# tags whose content is not prose (mwparserfromhell keeps Tag contents when stripping)
+_DROP_TAGS = {
+    "ref", "references", "table", "gallery", "math", "chem", "score", "timeline", "graph", "imagemap",
+    "syntaxhighlight", "source", "pre", "code", "hiero", "mapframe", "templatedata", "noinclude", "includeonly",
+}
+_DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:", "wikt:", ":category:")
+_INTERWIKI = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
+
+
+def wikitext_to_text(wikitext: str) -> str:
+    """Wikitext -> plain prose with mwparserfromhell: templates, tables, references, files, categories, HTML,
+    headings and comments removed; links replaced by their text; one paragraph per line."""
+    import mwparserfromhell
+
+    code = mwparserfromhell.parse(wikitext)
+    for node in code.filter(recursive=True):
+        kind = type(node).__name__
+        drop = False
+        if kind in ("Heading", "Template", "Comment", "Argument"):
+            drop = True
+        elif kind == "Tag":
+            drop = str(node.tag).strip().lower() in _DROP_TAGS
+        elif kind == "Wikilink":
+            title = str(node.title).strip().lower()
+            drop = title.startswith(_DROP_LINK_PREFIXES) or bool(_INTERWIKI.match(title))
+        if drop:
+            try:
+                code.remove(node)
+            except ValueError:  # inside a node that was already removed
+                pass
+    text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
+    paras = []
+    for line in text.split("\n"):
+        s = line.strip()
+        # table/list remnants that are not prose
+        if not s or s[0] in "|!{}" or s.startswith(("__", "=", "[[", "]]")):
+            continue
+        s = re.sub(r"'{2,}", "", s)  # bold/italic quotes left inside dropped constructs
+        s = re.sub(r"<[^>]{0,200}>", "", s)  # stray HTML tags
+        paras.append(s)
+    return "\n\n".join(paras)
+
+
+# ------------------------------------------------------------------------------------------- Hugging Face
+def iter_hf(spec: str) -> Iterator[Doc]:
+    """Rows of a Hugging Face dataset: a save_to_disk dir, a local data file, or a hub name (online)."""
+    name, _, config = spec.partition(":")
+    try:
+        import datasets
+    except ImportError as e:  # pragma: no cover - datasets is a dependency
+        raise UserError("hf: sources need the `datasets` package") from e
+    p = Path(name)
+    try:
+        if p.is_dir() and ((p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file()):
+            ds = datasets.load_from_disk(str(p))
+        elif p.is_file():
+            fmt = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}.get(p.suffix)
+            if fmt is None:
+                raise UserError(f"hf:{name}: cannot tell the format of {p} (use .json/.jsonl/.csv/.parquet/.txt)")
+            ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
+        else:
+            ds = datasets.load_dataset(name, config or None, split="train")
+    except UserError:
+        raise
+    except Exception as e:  # datasets raises many types (ConnectionError, FileNotFoundError, DatasetNotFoundError)
+        offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = " (offline: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set; use a local dir or file)" if offline else ""
+        raise UserError(f"cannot load Hugging Face dataset {name!r}{hint}: {type(e).__name__}: {e}") from e
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
+    columns = [c for c, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
+    if not columns:
+        raise UserError(f"hf:{name} has no text column (columns: {', '.join(ds.column_names)})")
+    col = "text" if "text" in columns else columns[0]
+    title_col = "title" if "title" in ds.column_names else None
+    for i, row in enumerate(ds):
+        yield (str(row[title_col]) if title_col else f"{name}-{i}"), row[col] or ""
+
+
+# ------------------------------------------------------------------------------------------- built-in
+# modules with side effects on import, or GUI/test packages with no prose worth having
+_SKIP_MODULES = {
+    "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__main__", "lib2to3", "test",
+    "ensurepip", "venv", "pydoc_data", "xxsubtype", "xxlimited", "_xxtestfuzz", "msilib", "winreg", "winsound",
+}
+
+
+def _prose_paragraphs(doc: str) -> list[str]:
+    """Docstring -> prose paragraphs: code (>>>, indented blocks), option tables and short labels dropped."""
+    import inspect
+
+    out = []
+    for para in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
+        lines = [ln for ln in para.split("\n") if ln.strip()]
+        if not lines or any(ln.lstrip().startswith((">>>", "...", "$ ", "%")) for ln in lines):
+            continue
+        if sum(ln.startswith((" ", "\t")) for ln in lines) > len(lines) // 2:
+            continue  # an indented block: code or a table
+        text = " ".join(ln.strip() for ln in lines)
+        letters = sum(c.isalpha() or c == " " for c in text)
+        if len(text) < 40 or letters < 0.75 * len(text):
+            continue
+        out.append(text)
+    return out
+
+
+def _object_paragraphs(mod) -> list[str]:
+    """Prose of a module's docstring and of its public classes, functions and methods (C ones included)."""
+    import inspect
+
+    paras = _prose_paragraphs(mod.__doc__ or "")
+    for attr, obj in sorted(vars(mod).items()):
+        if attr.startswith("_") or getattr(obj, "__module__", None) != mod.__name__:
+            continue
+        if inspect.isclass(obj) or inspect.isroutine(obj):
+            paras += _prose_paragraphs(getattr(obj, "__doc__", None) or "")
+            if inspect.isclass(obj):
+                for mname, meth in sorted(vars(obj).items()):
+                    if not mname.startswith("_") and inspect.isroutine(meth):
+                        paras += _prose_paragraphs(getattr(meth, "__doc__", None) or "")
+    return paras
+
+
+def _python_modules() -> list[str]:
+    """The standard library's public modules and their public submodules (no test/GUI/side-effect ones)."""
+    import pkgutil
+    import sys
+
+    names = []
+    for top in sorted(getattr(sys, "stdlib_module_names", ())):
+        if top in _SKIP_MODULES or top.startswith("_"):
+            continue
+        names.append(top)
+        spec = importlib_util_find_spec(top)
+        if spec is not None and spec.submodule_search_locations:
+            for info in pkgutil.walk_packages(list(spec.submodule_search_locations), prefix=top + "."):
+                parts = info.name.split(".")
+                if not any(p.startswith("_") or p in _SKIP_MODULES or p.startswith("test") for p in parts):
+                    names.append(info.name)
+    return names
+
+
+def importlib_util_find_spec(name: str):
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def iter_python_docs() -> Iterator[Doc]:
+    """Documentation topics and standard-library docstrings of the running Python, one document each."""
+    import contextlib
+    import importlib
+    import warnings
+
+    from pydoc_data.topics import topics
+
+    for name in sorted(topics):
+        paras = _prose_paragraphs(topics[name])
+        if paras:
+            yield f"topic:{name}", "\n\n".join(paras)
+    for modname in _python_modules():
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()):
+                warnings.simplefilter("ignore")
+                mod = importlib.import_module(modname)
+        except BaseException:  # noqa: BLE001 - platform-specific modules fail to import in many ways
+            continue
+        paras = _object_paragraphs(mod)
+        if paras:
+            yield f"module:{modname}", "\n\n".join(paras)
