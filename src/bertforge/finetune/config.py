@@ -49,6 +49,8 @@ class FinetuneConfig:
     """auto, fp32, bf16 or fp16."""
     device: str = "auto"
     """auto, cpu, cuda[:N], xpu, hpu or mps."""
+    dropout: float | None = None
+    """Hidden and attention dropout of the model (None: the checkpoint's own config.json rates)."""
     attention: str = "auto"
     """Attention kernel of the model: auto, sdpa, varlen or eager (see model.attention)."""
     seed: int = 42

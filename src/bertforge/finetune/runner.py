@@ -225,15 +225,16 @@ def _glue_task(run: FinetuneRun, cfg: FinetuneConfig, tokenizer) -> TaskData:
 
 
 # ------------------------------------------------------------------------------------------- model I/O
-def load_model(model_dir: str, head: str, num_labels: int, attention: str = "auto"):
+def load_model(model_dir: str, head: str, num_labels: int, attention: str = "auto", dropout: float | None = None):
     from bertforge.model import hf_interop
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         raise UserError(f"--model {model_dir}: not a Hugging Face-format model directory (no config.json)")
     # a pre-trained encoder has no head for this task yet: the head starts from its fresh init
-    return hf_interop.load_pretrained(path, head, num_labels=num_labels, attention=attention,
-                                      allow_missing_head=True)
+    return hf_interop.load_pretrained(path, head, num_labels=num_labels, attention=attention, allow_missing_head=True,
+        config_overrides=None if dropout is None else {"hidden_dropout_prob": dropout,
+                                                       "attention_probs_dropout_prob": dropout})
 
 
 def save_model(model, config, src_dir: str, out: Path, head: str, label_names: Sequence[str] | None) -> None:
@@ -256,26 +257,39 @@ def save_model(model, config, src_dir: str, out: Path, head: str, label_names: S
 
 # ------------------------------------------------------------------------------------------- the loop
 def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fine-tune (or only evaluate) and return the summary; writes output_dir/{best/, metrics.jsonl, summary.json}."""
+    """Fine-tune (or only evaluate) and return the summary; writes output_dir/{best/, metrics.jsonl, summary.json}.
+
+    Under torchrun (or mpirun/srun) every rank takes its share of each optimizer batch and DDP averages the
+    gradients (one all-reduce per update); rank 0 evaluates and writes.
+    """
+    from bertforge.optim.lamb import build_optimizer
+    from bertforge.optim.schedule import lr_at
+    from bertforge.train import distributed as D
+    from bertforge.train.metrics import MetricsLogger
+
     if run.task not in ALL_TASKS:
         raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")
     if not run.dev_files and not run.dataset:
         raise UserError(f"--task {run.task}: give --dev-file (evaluation data) or --dataset")
     if not (Path(run.model) / "config.json").is_file():
         raise UserError(f"--model {run.model}: not a Hugging Face-format model directory (no config.json)")
+    info, device = D.init_distributed(cfg.device)
+    if cfg.batch_size % (cfg.micro_batch_size * info.world_size):
+        raise UserError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size} "
+                        f"x {info.world_size} processes")
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    device = dev.resolve_device(cfg.device)
     precision = dev.resolve_precision(cfg.precision, device)
+    say = log if info.is_main else (lambda s: None)
 
     t_setup = time.perf_counter()
     tokenizer = load_tokenizer(run.model)
     task = _squad_task(run, cfg, tokenizer, out_dir) if run.task in SQUAD_TASKS else _glue_task(run, cfg, tokenizer)
-    model, mconfig = load_model(run.model, task.head, task.num_labels, cfg.attention)
+    model, mconfig = load_model(run.model, task.head, task.num_labels, cfg.attention, cfg.dropout)
     model.to(device)
     pad_id = mconfig.pad_token_id
-    log(f"finetune {run.task} | {run.model} | {device} {precision} | "
+    say(f"finetune {run.task} | {run.model} | {device} {precision} x{info.world_size} | "
         f"train {len(task.train) if task.train else 0} rows | eval {sum(len(e[1]) for e in task.evals)} rows | "
         f"setup {time.perf_counter() - t_setup:.1f}s")
 
@@ -287,82 +301,101 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
             for k, v in score(out).items():
                 metrics[k if len(task.evals) == 1 else f"{name}/{k}"] = v
         metrics["eval_s"] = time.perf_counter() - t0
-        main = next(v for k, v in metrics.items() if k.split("/")[-1] == task.main_metric)
-        metrics["main"] = main
-        log(f"epoch {epoch:g} | " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
+        metrics["main"] = next(v for k, v in metrics.items() if k.split("/")[-1] == task.main_metric)
+        say(f"epoch {epoch:g} | " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
                                                if isinstance(v, float) and k != "main"))
         return metrics
 
-    metrics_log = out_dir / "metrics.jsonl"
     history: list[dict[str, Any]] = []
     best: dict[str, Any] | None = None
     train_s = 0.0
     if run.eval_only or task.train is None:
-        best = {"epoch": 0, **evaluate(0)}
-        history.append(best)
+        if info.is_main:
+            best = {"epoch": 0, **evaluate(0)}
+            history.append(best)
     else:
         steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
         total_steps = max(1, math.ceil(steps_per_epoch * cfg.epochs))
         if cfg.max_steps:
             total_steps = min(total_steps, cfg.max_steps)
-        from bertforge.optim.lamb import build_optimizer
-        from bertforge.optim.schedule import lr_at
-
+        logger = MetricsLogger(out_dir, is_main=info.is_main, total_steps=total_steps, tensorboard=False,
+                               stream=_Printer(say))
         opt = build_optimizer(model, "adamw", cfg.lr, cfg.weight_decay, (0.9, 0.999), cfg.adam_eps, device.type)
         scaler = dev.grad_scaler(device, precision)
-        rng = np.random.default_rng(cfg.seed)
-        step, epoch, t0 = 0, 0, time.perf_counter()
-        with metrics_log.open("a", encoding="utf-8") as mlog:
-            while step < total_steps:
-                epoch += 1
-                model.train()
-                order = rng.permutation(len(task.train))
-                batches = [order[i:i + cfg.batch_size] for i in range(0, len(order), cfg.batch_size)]
-                for rows in batches:
-                    if step >= total_steps:
-                        break
-                    step += 1
-                    lr = lr_at(step, cfg.lr, total_steps, cfg.warmup, kind="linear")
-                    for g in opt.param_groups:
-                        g["lr"] = lr
-                    loss_sum = 0.0
-                    micro = [rows[i:i + cfg.micro_batch_size] for i in range(0, len(rows), cfg.micro_batch_size)]
-                    for mrows in micro:
-                        batch = collate(task.train, mrows, pad_id, device)
+        ddp = D.wrap_ddp(model, device, info)
+        rng = np.random.default_rng(cfg.seed)  # same order on every rank: each takes its slice of each batch
+        step, epoch = 0, 0
+        while step < total_steps:
+            epoch += 1
+            model.train()
+            t0, seqs = time.perf_counter(), 0
+            order = rng.permutation(len(task.train))
+            for b0 in range(0, len(order), cfg.batch_size):
+                if step >= total_steps:
+                    break
+                step += 1
+                rows = order[b0:b0 + cfg.batch_size]
+                lr = lr_at(step, cfg.lr, total_steps, cfg.warmup, kind="linear")
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                mine = rows[info.rank::info.world_size]
+                micro = [mine[i:i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
+                loss_sum = torch.zeros((), device=device)
+                for mi, mrows in enumerate(micro):
+                    batch = collate(task.train, mrows, pad_id, device)
+                    with D.maybe_no_sync(ddp, accumulating=mi < len(micro) - 1):
                         with dev.autocast(device, precision):
-                            loss = model(**batch).loss
-                        # weight by rows so a short last batch is a plain mean over its rows
-                        scaler.scale(loss * (len(mrows) / len(rows))).backward()
-                        loss_sum += float(loss.detach()) * len(mrows) / len(rows)
-                    scaler.unscale_(opt)
-                    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    scaler.step(opt)
-                    scaler.update()
-                    opt.zero_grad(set_to_none=True)
-                    if step % cfg.log_every == 0 or step == total_steps:
-                        el = time.perf_counter() - t0
-                        rec = {"step": step, "epoch": epoch, "loss": loss_sum, "lr": lr, "grad_norm": float(gnorm),
-                               "seq_per_s": step * cfg.batch_size / el}
-                        mlog.write(json.dumps(rec) + "\n")
-                        mlog.flush()
-                        log(f"step {step}/{total_steps} | loss {loss_sum:.4f} | lr {lr:.2e} | "
-                            f"{rec['seq_per_s']:.1f} seq/s")
-                train_s += time.perf_counter() - t0
-                ep_done = min(epoch, step / steps_per_epoch)
+                            loss = ddp(**batch).loss
+                        # each micro-batch's mean weighted by its share of the global batch (DDP averages over
+                        # ranks, hence x world): a short last batch is still a plain mean over its rows
+                        w = len(mrows) / len(rows) * info.world_size
+                        scaler.scale(loss * w).backward()
+                    loss_sum += loss.detach() * len(mrows) / len(rows)
+                scaler.unscale_(opt)
+                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                scaler.step(opt)
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
+                seqs += len(rows)
+                if step % cfg.log_every == 0 or step == total_steps:
+                    loss_all = float(D.all_reduce_sum(loss_sum))
+                    logger.log(step, {"epoch": epoch, "loss": loss_all, "lr": lr, "grad_norm": float(gnorm),
+                                      "seq_per_s": seqs / (time.perf_counter() - t0)})
+            train_s += time.perf_counter() - t0
+            if info.is_main:
+                ep_done = min(float(epoch), step / steps_per_epoch)
                 m = {"epoch": round(ep_done, 3), "step": step, **evaluate(ep_done)}
                 history.append(m)
-                with metrics_log.open("a", encoding="utf-8") as f2:
-                    f2.write(json.dumps({"eval": True, **m}) + "\n")
+                logger.log(step, {"eval_" + k.replace("/", "_"): v for k, v in m.items()
+                                  if isinstance(v, (int, float)) and k not in ("step",)})
                 if best is None or m["main"] > best["main"]:
                     best = m
                     save_model(model, mconfig, run.model, out_dir / "best", task.head, task.label_names)
                     if run.task in SQUAD_TASKS:  # keep the best epoch's predictions beside the model
                         for p in out_dir.glob("*predictions*.json"):
                             shutil.copyfile(p, out_dir / "best" / p.name)
-                t0 = time.perf_counter()
-    assert best is not None
+            D.barrier()
+        logger.close()
+    if info.distributed:  # every rank returns rank 0's result
+        best, history = D.broadcast_object((best, history))
+        D.cleanup()
     summary = {"task": run.task, "model": run.model, "device": str(device), "precision": precision,
-               "best": best, "history": history, "train_s": train_s,
+               "world_size": info.world_size, "best": best, "history": history, "train_s": train_s,
                "config": dataclasses.asdict(cfg)}
-    squad.write_json(out_dir / "summary.json", summary)
+    if info.is_main:
+        squad.write_json(out_dir / "summary.json", summary)
     return summary
+
+
+class _Printer:
+    """A text stream that forwards whole lines to a log function (the metrics logger prints to a stream)."""
+
+    def __init__(self, fn: Callable[[str], None]):
+        self.fn = fn
+
+    def write(self, text: str) -> None:
+        if text.strip():
+            self.fn(text.rstrip("\n"))
+
+    def flush(self) -> None:
+        pass
