@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bertforge.model import BertConfig, build_model
-from bertforge.model.attention import block_mask
+from bertforge.model.attention import block_mask, varlen_meta
 
 V = 101
 
@@ -211,3 +211,9 @@ def test_unknown_task_and_attention_are_config_errors():
         build_model(tiny(), "summarisation")
     with pytest.raises(ConfigError, match="attention must be"):
         build_model(tiny(), "qa", attention="flash")
+
+
+def test_varlen_meta_boundaries():
+    meta = varlen_meta(torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 0, 0, 0]]))
+    assert meta.indices.tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
+    assert meta.cu_seqlens.tolist() == [0, 2, 5, 8] and meta.max_seqlen == 3
