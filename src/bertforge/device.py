@@ -168,6 +168,11 @@ def max_memory_allocated(device: torch.device) -> int:
     return 0
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type in ("cuda", "xpu"):
+        getattr(torch, device.type).reset_peak_memory_stats(device)
+
+
 def device_name(device: torch.device) -> str:
     if device.type in ("cuda", "xpu"):
         return str(getattr(torch, device.type).get_device_name(device))
