@@ -164,25 +164,41 @@ def test_unmapped_key_and_bad_shape_are_errors(tmp_path):
         load_pretrained(tmp_path / "m", "qa")
 
 
-def test_nvidia_style_checkpoint(tmp_path):
-    """NVIDIA DeepLearningExamples: {"model": sd} in a .pt, `module.` prefix, vocab padded to a multiple of 8."""
+@pytest.mark.parametrize("prefix,config_name,tf_names", [("module.", "config.json", False),
+                                                         ("model.", "bert_config.json", True)])
+def test_nvidia_style_checkpoint(tmp_path, prefix, config_name, tf_names):
+    """NVIDIA DeepLearningExamples / Habana: {"model": sd} in a .pt, `module.`/`model.` prefixes, TF-era
+    LayerNorm gamma/beta names, bert_config.json, the vocab padded to a multiple of 8."""
     torch.manual_seed(0)
     cfg = hf_config("bert", "pretraining")
     cfg.vocab_size = 104  # 97 padded up to a multiple of 8
     theirs = transformers.BertForPreTraining(cfg).eval()
-    sd = {f"module.{k}": v for k, v in theirs.state_dict().items()}
+    sd = {}
+    for k, v in theirs.state_dict().items():
+        if tf_names:
+            k = k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        sd[prefix + k] = v
     d = tmp_path / "nv"
     d.mkdir()
     torch.save({"model": sd, "optimizer": {}}, d / "ckpt_8601.pt")
-    (d / "config.json").write_text(json.dumps({**cfg.to_dict(), "vocab_size": 97}))
+    raw = {k: v for k, v in cfg.to_dict().items() if k != "model_type"}
+    (d / config_name).write_text(json.dumps({**raw, "vocab_size": 97}))
     ours, config = load_pretrained(d, "pretraining")
     assert config.vocab_size == 104
     compare(ours.eval(), theirs, "pretraining", "bert")
     # the same weights fine-tune: QA from a pre-training checkpoint ignores the NSP/MLM heads
     qa, _ = load_pretrained(d, "qa", allow_missing_head=True)
-    assert "module.cls.seq_relationship.weight" not in qa.hf_load_info["ignored"]
     assert "cls.seq_relationship.weight" in qa.hf_load_info["ignored"]
     assert qa.hf_load_info["initialised"] == ["qa_outputs.weight", "qa_outputs.bias"]
+
+
+def test_save_unwraps_compiled_model(tmp_path):
+    config = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64)
+    model = build_model(config, "qa")
+    out = save_pretrained(torch.compile(model), config, tmp_path / "c")
+    again, _ = load_pretrained(out, "qa")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
 
 
 def test_roberta_pretraining_save_is_refused(tmp_path):

@@ -147,7 +147,7 @@ def normalise_keys(sd: dict[str, torch.Tensor], model_type: str) -> dict[str, to
     base = "roberta." if model_type == "roberta" else "bert."
     for key, value in sd.items():
         k = key
-        while k.startswith(("module.", "model.")):
+        while k.startswith(("module.", "model.", "_orig_mod.")):
             k = k.split(".", 1)[1]
         k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
         k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
@@ -178,7 +178,7 @@ def ours_to_hf(key: str, model_type: str, task: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- loading
-def load_pretrained(path: str | os.PathLike, task: str, num_labels: int = 2, attention: str = "auto",
+def load_pretrained(path: str | os.PathLike, task: str, num_labels: int = 2, attention: str = "auto", *,
                     allow_missing_head: bool = False, activation_checkpointing: bool = False,
                     config_overrides: dict[str, Any] | None = None) -> tuple[BertForTask, BertConfig]:
     """Build `task`'s model from a Hugging Face-format directory (config.json + weights).
@@ -188,13 +188,15 @@ def load_pretrained(path: str | os.PathLike, task: str, num_labels: int = 2, att
     fields to replace (dropout rates for fine-tuning).
     """
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path}: not a Hugging Face model directory (no config.json)")
+    # NVIDIA DeepLearningExamples names it bert_config.json (Google's name); same fields
+    cfile = next((path / n for n in ("config.json", "bert_config.json") if (path / n).is_file()), None)
+    if cfile is None:
+        raise UserError(f"{path}: not a Hugging Face model directory (no config.json or bert_config.json)")
     try:
-        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        raw = json.loads(cfile.read_text(encoding="utf-8"))
     except ValueError as e:
-        raise UserError(f"{path / 'config.json'}: invalid JSON ({e})") from None
-    config = config_from_hf({**raw, **(config_overrides or {})}, str(path / "config.json"))
+        raise UserError(f"{cfile}: invalid JSON ({e})") from None
+    config = config_from_hf({**raw, **(config_overrides or {})}, str(cfile))
     wfile = _weights_file(path)
     sd = normalise_keys(read_state_dict(wfile), config.model_type)
     rows = _word_rows(sd, config.model_type, wfile)
@@ -292,6 +294,8 @@ def save_pretrained(model: BertForTask, config: BertConfig, path: str | os.PathL
     """Write config.json + model.safetensors that `transformers` Auto classes load; atomic (temp dir + rename)."""
     from safetensors.torch import save_file
 
+    while hasattr(model, "_orig_mod") or hasattr(model, "module"):  # torch.compile / DDP wrappers
+        model = getattr(model, "_orig_mod", None) or model.module
     task = task or model.task
     if task != model.task:
         raise UserError(f"save_pretrained: the model was built for task {model.task!r}, not {task!r}")
