@@ -209,3 +209,16 @@ def test_masked_count_formula_in_shards_wwm(setup, tmp_path):
     k = (a["masked_lm_positions"] > 0).sum(1)
     assert np.all(k <= num_to_predict(a["input_mask"].sum(1), 8, 0.15))
     assert k.mean() > 0.8 * num_to_predict(a["input_mask"].sum(1), 8, 0.15).mean()
+
+
+def test_ascii_fast_path_identical(shared_data):
+    from bertforge.data.build import encode_lines
+    from bertforge.data.vocab import load_tokenizer
+
+    lines = ["Hello World, it's 1999 -- OK?", "Café crème brûlée", "tab\there", "ctrl\x07char", "UPPER lower",
+             "中文字符 and text", "naïve façade", "x" * 150, "  spaced   out  ", "Ω omega", "", "e\u0301"]
+    raw = (shared_data / "wikitext-2" / "raw" / "wiki.test.raw").read_text(encoding="utf-8").split("\n")[:400]
+    for vocab, lower in (("bert-base-uncased-vocab.txt", None), ("bert-base-cased-vocab.txt", False)):
+        tok = load_tokenizer(shared_data / "bert_vocab" / vocab, lower)
+        ref = [e.ids for e in tok.encode_batch_fast(lines + raw, add_special_tokens=False)]
+        assert encode_lines(tok, lines + raw) == ref

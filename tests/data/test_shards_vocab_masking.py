@@ -112,14 +112,15 @@ def _seq(length, a_len):
     return np.concatenate([[101], body[:a_len], [102], body[a_len:], [102]]).astype(np.int32)
 
 
-@pytest.mark.parametrize("length", [8, 10, 20, 33, 50, 128, 200])
-def test_masked_count_exact(length):
+@pytest.mark.parametrize("length,max_pred", [(8, 20), (10, 20), (20, 20), (33, 20), (50, 20), (128, 20), (200, 20),
+                                             (300, 80), (512, 80)])
+def test_masked_count_exact(length, max_pred):
     rng = np.random.default_rng(length)
     for _ in range(20):
         toks = _seq(length, length // 3)
-        ids, pos, lab = mask_tokens(toks, rng, vocab_size=30522, max_pred=20)
+        ids, pos, lab = mask_tokens(toks, rng, vocab_size=30522, max_pred=max_pred)
         n = int((pos > 0).sum())
-        assert n == min(20, max(1, round(0.15 * length)))
+        assert n == min(max_pred, max(1, round(0.15 * length)))
         real = pos[:n]
         assert np.all(np.diff(real) > 0) and np.all(pos[n:] == 0) and np.all(lab[n:] == 0)
         assert np.array_equal(lab[:n], toks[real])

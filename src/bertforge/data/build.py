@@ -23,6 +23,7 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -132,6 +133,54 @@ def _tokenizer(path: str, lowercase: bool | None):
     return _TOKENIZER_CACHE[key]
 
 
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_FAST_CACHE: dict[int, Any] = {}
+
+
+def _ascii_fast_path(tok):
+    """For a BERT tokenizer: (a copy without its normalizer, lowercase?) or None.
+
+    BertNormalizer (clean text, CJK spacing, strip accents, lower-case) does nothing to printable ASCII text
+    except lower-casing it, which Python's str.lower does identically for ASCII and ~40% cheaper than the
+    normalizer pass. Lines with any non-ASCII or control character still go through the full tokenizer.
+    """
+    from tokenizers import Tokenizer, normalizers
+
+    if id(tok) in _FAST_CACHE:
+        return _FAST_CACHE[id(tok)]
+    fast = None
+    norm = tok.normalizer
+    if isinstance(norm, normalizers.BertNormalizer) and norm.clean_text:
+        copy = Tokenizer.from_str(tok.to_str())
+        copy.normalizer = None
+        fast = (copy, bool(norm.lowercase))
+    _FAST_CACHE[id(tok)] = fast
+    return fast
+
+
+def encode_lines(tok, lines: list[str]) -> list[list[int]]:
+    """Token ids of each line (no special tokens), identical to `tok.encode_batch_fast`, faster for ASCII."""
+    fast = _ascii_fast_path(tok)
+    if fast is None:
+        return [e.ids for e in tok.encode_batch_fast(lines, add_special_tokens=False)]
+    fast_tok, lower = fast
+    easy = [i for i, ln in enumerate(lines) if ln.isascii() and not _ASCII_CONTROL.search(ln)]
+    if len(easy) == len(lines):
+        hard: list[int] = []
+    else:
+        is_easy = np.zeros(len(lines), bool)
+        is_easy[easy] = True
+        hard = np.flatnonzero(~is_easy).tolist()
+    easy_text = [lines[i].lower() if lower else lines[i] for i in easy]
+    out: list[list[int]] = [[]] * len(lines)
+    for i, e in zip(easy, fast_tok.encode_batch_fast(easy_text, add_special_tokens=False)):
+        out[i] = e.ids
+    if hard:
+        for i, e in zip(hard, tok.encode_batch_fast([lines[i] for i in hard], add_special_tokens=False)):
+            out[i] = e.ids
+    return out
+
+
 def tokenize_spill(path: str, tok) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Tokenize one spill file: (tokens int32, sentence offsets, doc_first, doc_count, lines)."""
     tok_chunks: list[np.ndarray] = []
@@ -144,8 +193,7 @@ def tokenize_spill(path: str, tok) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     n_lines = 0
 
     def flush() -> None:
-        encs = tok.encode_batch_fast(lines, add_special_tokens=False)
-        ids = [e.ids for e in encs]
+        ids = encode_lines(tok, lines)
         lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         tok_chunks.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lens.sum())))
         len_chunks.append(lens)

@@ -10,7 +10,8 @@ id with p=0.1. Predictions are sorted by position and 0-padded to max_pred (posi
 0 means an empty slot — NVIDIA semantics).
 
 Shuffling-then-taking-the-first-k is done as "the k smallest of iid uniform keys", which is the same
-distribution over subsets and vectorizes over a whole shard; `mask_tokens` (one sequence, the loader's
+distribution over subsets and vectorizes over a whole shard (keys are 22-24 random bits with the column as
+a tie-break, so exactly k are chosen; the tie bias is below 1e-3 per row); `mask_tokens` (one sequence, the loader's
 dynamic masking) is the same code on a batch of one. Whole-word masking keeps Google's greedy skip loop per
 row. `reference_mask_tokens` is a line-by-line port of Google's loop; the tests check both agree in
 distribution.
@@ -72,7 +73,9 @@ def mask_batch(
     if n_rows == 0:
         return ids, positions, labels
     real = np.arange(seq)[None, :] < lengths[:, None]  # (N, S)
-    cand = real & ~np.isin(ids, np.asarray(special_ids, dtype=ids.dtype))  # (N, S)
+    cand = real.copy()  # (N, S)
+    for sid in special_ids:  # a few ids: comparisons beat np.isin's sort
+        cand &= ids != sid
     k = num_to_predict(lengths, max_pred, masked_lm_prob)  # (N,)
     if word_starts is not None:
         for r in range(n_rows):
@@ -81,15 +84,20 @@ def mask_batch(
         rows, slots = np.nonzero(positions)
         cols = positions[rows, slots]
     else:
-        keys = rng.random((n_rows, seq), dtype=np.float32)  # (N, S) iid keys: a random order of candidates
-        keys[~cand] = 2.0  # non-candidates sort last
+        # unique integer keys per row: random bits, then the column (breaks the rare tie), and the top bit
+        # set for non-candidates so they sort last; 31 - col_bits random bits (22 at seq 512)
+        col_bits = max(1, (seq - 1).bit_length())
+        if col_bits > 15:
+            raise ValueError(f"sequence length {seq} is too long for the masking keys (at most 32768)")
+        keys = rng.integers(0, 1 << (31 - col_bits), (n_rows, seq), dtype=np.uint32) << np.uint32(col_bits)
+        keys |= np.arange(seq, dtype=np.uint32)[None, :]
+        keys |= (~cand).astype(np.uint32) << np.uint32(31)
         p = min(max_pred, seq)
-        first = np.argpartition(keys, p - 1, axis=1)[:, :p] if p < seq else np.argsort(keys, axis=1)
-        first_keys = np.take_along_axis(keys, first, axis=1)  # (N, p)
-        rank = np.argsort(first_keys, axis=1)
-        chosen = np.take_along_axis(first, rank, axis=1)  # (N, p) candidates in shuffled order
-        take = (np.arange(p)[None, :] < k[:, None]) & (np.take_along_axis(first_keys, rank, axis=1) < 2.0)
-        chosen = np.where(take, chosen, seq)  # seq = "no prediction", sorts last
+        first = np.argpartition(keys, p - 1, axis=1)[:, :p] if p < seq else np.broadcast_to(np.arange(seq), keys.shape)
+        first_keys = np.take_along_axis(keys, first, axis=1)  # (N, p) the p smallest keys, unordered
+        kth = np.sort(first_keys, axis=1)[np.arange(n_rows), np.minimum(k, p) - 1]  # (N,) k-th smallest key
+        take = (first_keys <= kth[:, None]) & (first_keys < np.uint32(1 << 31))
+        chosen = np.where(take, first, seq)  # seq = "no prediction", sorts last
         chosen.sort(axis=1)  # predictions sorted by position
         valid = chosen < seq
         positions[:, :p] = np.where(valid, chosen, 0)
@@ -318,23 +326,39 @@ def reference_truncate(la: int, lb: int, max_num: int) -> tuple[int, int]:
     return ra, rb
 
 
+def _ragged(starts: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each element, offset within its run) for runs of `lens` elements: a ragged arange."""
+    total = int(lens.sum())
+    row = np.repeat(np.arange(lens.shape[0]), lens)  # (total,)
+    run_begin = np.cumsum(lens) - lens  # (N,) flat index where each run begins
+    within = np.arange(total) - run_begin[row]
+    return row, within
+
+
 def build_rows(
     tokens: np.ndarray, specs: dict[str, np.ndarray], seq_len: int, cls_id: int, sep_id: int
 ) -> dict[str, np.ndarray]:
-    """`[CLS] A [SEP] B [SEP]` rows, 0-padded: input_ids (N,S) int32, input_mask (N,S) int8, segment_ids (N,S) int8."""
-    c = np.arange(seq_len)[None, :]  # (1, S)
-    la = specs["a_len"][:, None]  # (N, 1)
-    lb = specs["b_len"][:, None]
+    """`[CLS] A [SEP] B [SEP]` rows, 0-padded: input_ids (N,S) int32, input_mask (N,S) int8, segment_ids (N,S) int8.
+
+    Gathers only the real tokens (ragged index arithmetic), so padding costs nothing but the zero fill.
+    """
+    la, lb = specs["a_len"], specs["b_len"]
+    n = la.shape[0]
+    ids = np.zeros((n, seq_len), dtype=np.int32)
+    flat = ids.reshape(-1)
+    base = np.arange(n, dtype=np.int64) * seq_len  # (N,) flat index of each row's [CLS]
+    row, j = _ragged(specs["a_start"], la)
+    flat[base[row] + 1 + j] = tokens[specs["a_start"][row] + j]  # A at columns 1..la
+    row, j = _ragged(specs["b_start"], lb)
+    flat[base[row] + la[row] + 2 + j] = tokens[specs["b_start"][row] + j]  # B after the first [SEP]
+    flat[base] = cls_id
+    flat[base + la + 1] = sep_id
     total = la + lb + 3
-    in_a = (c >= 1) & (c <= la)  # (N, S)
-    in_b = (c >= la + 2) & (c < total - 1)
-    src = np.where(in_a, specs["a_start"][:, None] + c - 1, np.where(in_b, specs["b_start"][:, None] + c - la - 2, 0))
-    ids = np.where(in_a | in_b, tokens[src] if tokens.size else 0, 0).astype(np.int32)
-    ids[:, 0] = cls_id
-    ids = np.where((c == la + 1) | (c == total - 1), np.int32(sep_id), ids)
+    flat[base + total - 1] = sep_id
+    c = np.arange(seq_len, dtype=np.int64)[None, :]  # (1, S)
     return {
         "input_ids": ids,
-        "input_mask": (c < total).astype(np.int8),
+        "input_mask": (c < total[:, None]).view(np.int8),
         # segment 0: [CLS] A [SEP]; segment 1: B [SEP]
-        "segment_ids": ((c >= la + 2) & (c < total)).astype(np.int8),
+        "segment_ids": ((c >= (la + 2)[:, None]) & (c < total[:, None])).view(np.int8),
     }

@@ -1,0 +1,129 @@
+"""Data-pipeline benchmarks: `bertforge data shards` wall time and peak memory of all its processes.
+
+The input is WikiText-2 raw test (../shared/data/wikitext-2/raw/wiki.test.raw) repeated `repeat` times,
+turned into documents once by `bertforge data docs` (cached under the bench cache directory; WikiText's
+` = Title = ` headings start documents, paragraphs are split into sentences) — then `bertforge data shards`
+runs as a child process with the uncased BERT vocab, and is timed. Peak RSS is the largest sum of the RSS of
+the child and all its descendants, sampled every 10 ms with psutil (an upper bound on simultaneous memory:
+pages shared after fork count once per process), cross-checked with the kernel's per-process maxima.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data"
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("BERTFORGE_BENCH_CACHE", Path(tempfile.gettempdir()) / "bertforge-bench-data"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _docs(repeat: int) -> Path:
+    """Documents of WikiText-2 raw test repeated `repeat` times (built once, then cached)."""
+    raw = SHARED / "wikitext-2" / "raw" / "wiki.test.raw"
+    if not raw.is_file():
+        raise FileNotFoundError(f"{raw} is needed for this benchmark")
+    cache = _cache_dir()
+    docs = cache / f"wikitext2_test_x{repeat}_docs"
+    if (docs / "manifest.json").is_file():
+        return docs
+    src = cache / f"wikitext2_test_x{repeat}.raw"
+    if not src.is_file():
+        text = raw.read_bytes()
+        with open(src, "wb") as f:
+            for _ in range(repeat):
+                f.write(text)
+    subprocess.run([sys.executable, "-m", "bertforge", "data", "docs", "--source", str(src), "--out", str(docs),
+                    "--shards", "8"], check=True, stdout=subprocess.DEVNULL)
+    return docs
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    try:
+        procs = [proc] + proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_measured(cmd: list[str]) -> dict[str, float]:
+    """Run `cmd`; wall seconds and peak summed RSS (MB) of it and its children."""
+    peak = 0
+    t0 = time.perf_counter()
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ps = psutil.Process(child.pid)
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss(ps))
+            time.sleep(0.01)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    _, err = child.communicate()
+    wall = time.perf_counter() - t0
+    done.set()
+    th.join()
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {err.decode()[-2000:]}")
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"wall_s": wall, "peak_rss_mb": peak / 2**20, "max_single_rss_mb": ru.ru_maxrss / 1024}
+
+
+def shards(repeat: int = 10, seq_len: int = 128, max_pred: int = 20, dupe_factor: int = 5, num_shards: int = 16,
+           workers: int = 0, wwm: bool = False) -> dict[str, float]:
+    """`bertforge data shards` on WikiText-2 raw test x `repeat` with the uncased BERT vocab."""
+    docs = _docs(repeat)
+    vocab = SHARED / "bert_vocab" / "bert-base-uncased-vocab.txt"
+    out = Path(tempfile.mkdtemp(prefix="bertforge-bench-shards-"))
+    try:
+        cmd = [sys.executable, "-m", "bertforge", "data", "shards", "--docs", str(docs), "--vocab", str(vocab),
+               "--out", str(out), "--seq-len", str(seq_len), "--max-pred", str(max_pred),
+               "--dupe-factor", str(dupe_factor), "--shards", str(num_shards), "--workers", str(workers)]
+        if wwm:
+            cmd.append("--wwm")
+        m = run_measured(cmd)
+        import json
+
+        man = json.loads((out / "manifest.json").read_text())
+        m["instances"] = float(man["instances"])
+        m["tokens"] = float(man["tokens"])
+        m["mb_input"] = float(sum(f.stat().st_size for f in docs.glob("*.txt")) / 1e6)
+        m["instances_per_s"] = m["instances"] / m["wall_s"]
+        return m
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def tokenize_only(repeat: int = 10) -> dict[str, float]:
+    """HF tokenizers alone on the same documents, both cores (`encode_batch_fast`): the floor for `shards`."""
+    from bertforge.data.vocab import load_tokenizer
+
+    docs = _docs(repeat)
+    tok = load_tokenizer(SHARED / "bert_vocab" / "bert-base-uncased-vocab.txt")
+    lines = [ln for f in sorted(docs.glob("*.txt")) for ln in f.read_text(encoding="utf-8").split("\n") if ln]
+    t0 = time.perf_counter()
+    n = sum(len(e.ids) for e in tok.encode_batch_fast(lines, add_special_tokens=False))
+    dt = time.perf_counter() - t0
+    return {"tokenize_s": dt, "tokens": float(n)}
