@@ -219,7 +219,8 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
     params = [p for p in model.parameters() if p.requires_grad]
     window = _Window(device)
     nonfinite_run = 0
-    last_saved = last_eval = -1
+    last_saved = state.step if found is not None else -1  # a resumed finished run does not re-save
+    last_eval = -1
     eval_metrics: dict[str, float] = {}
     t_start = time.perf_counter()
     model_ddp.train()
