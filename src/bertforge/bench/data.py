@@ -51,32 +51,37 @@ def _docs(repeat: int) -> Path:
     return docs
 
 
-def _tree_rss(proc: psutil.Process) -> int:
-    total = 0
+def _tree_rss(proc: psutil.Process) -> tuple[int, int]:
+    """(sum, max) of the RSS of `proc` and its descendants, bytes."""
+    total = biggest = 0
     try:
         procs = [proc] + proc.children(recursive=True)
     except psutil.NoSuchProcess:
-        return 0
+        return 0, 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            rss = p.memory_info().rss
         except psutil.NoSuchProcess:
-            pass
-    return total
+            continue
+        total += rss
+        biggest = max(biggest, rss)
+    return total, biggest
 
 
 def run_measured(cmd: list[str]) -> dict[str, float]:
-    """Run `cmd`; wall seconds and peak summed RSS (MB) of it and its children."""
-    peak = 0
+    """Run `cmd`; wall and CPU seconds, peak summed RSS (MB) of it and its children."""
+    peak = peak_one = 0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     ps = psutil.Process(child.pid)
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, peak_one
         while not done.is_set():
-            peak = max(peak, _tree_rss(ps))
+            total, biggest = _tree_rss(ps)
+            peak, peak_one = max(peak, total), max(peak_one, biggest)
             time.sleep(0.01)
 
     th = threading.Thread(target=sample, daemon=True)
@@ -88,7 +93,11 @@ def run_measured(cmd: list[str]) -> dict[str, float]:
     if child.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {err.decode()[-2000:]}")
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"wall_s": wall, "peak_rss_mb": peak / 2**20, "max_single_rss_mb": ru.ru_maxrss / 1024}
+    cpu = (ru.ru_utime + ru.ru_stime) - (before.ru_utime + before.ru_stime)
+    # cpu_s: CPU seconds of all processes; on a shared, loaded machine cpu_s / cores is the wall time the run
+    # would take with the cores to itself
+    return {"shards_wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20,
+            "max_process_rss_mb": peak_one / 2**20}
 
 
 def shards(repeat: int = 10, seq_len: int = 128, max_pred: int = 20, dupe_factor: int = 5, num_shards: int = 16,
@@ -110,7 +119,7 @@ def shards(repeat: int = 10, seq_len: int = 128, max_pred: int = 20, dupe_factor
         m["instances"] = float(man["instances"])
         m["tokens"] = float(man["tokens"])
         m["mb_input"] = float(sum(f.stat().st_size for f in docs.glob("*.txt")) / 1e6)
-        m["instances_per_s"] = m["instances"] / m["wall_s"]
+        m["instances_per_s"] = m["instances"] / m["shards_wall_s"]
         return m
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -123,7 +132,6 @@ def tokenize_only(repeat: int = 10) -> dict[str, float]:
     docs = _docs(repeat)
     tok = load_tokenizer(SHARED / "bert_vocab" / "bert-base-uncased-vocab.txt")
     lines = [ln for f in sorted(docs.glob("*.txt")) for ln in f.read_text(encoding="utf-8").split("\n") if ln]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     n = sum(len(e.ids) for e in tok.encode_batch_fast(lines, add_special_tokens=False))
-    dt = time.perf_counter() - t0
-    return {"tokenize_s": dt, "tokens": float(n)}
+    return {"tokenize_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "tokens": float(n)}

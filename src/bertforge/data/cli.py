@@ -143,13 +143,12 @@ def run_prepare(cfg: Any, log=print) -> dict[str, Any]:
     run_docs(cfg.docs.source, docs_dir, cfg.docs.num_shards, cfg.docs.min_doc_chars, cfg.docs.one_doc_per_file,
              cfg.docs.workers or None, log)
     if cfg.vocab.vocab_file:
-        vocab = run_vocab(None, vocab_dir, lowercase=cfg.vocab.lowercase, from_vocab=cfg.vocab.vocab_file, log=log)
+        run_vocab(None, vocab_dir, lowercase=cfg.vocab.lowercase, from_vocab=cfg.vocab.vocab_file, log=log)
     elif (vocab_dir / "vocab.txt").is_file() and (vocab_dir / "tokenizer.json").is_file():
         log(f"data vocab: {vocab_dir} exists; delete it to retrain")
-        vocab = vocab_dir
     else:
-        vocab = run_vocab(str(docs_dir), vocab_dir, cfg.vocab.vocab_size, cfg.vocab.lowercase,
-                          cfg.vocab.unused_tokens, cfg.vocab.min_frequency, log=log)
+        run_vocab(str(docs_dir), vocab_dir, cfg.vocab.vocab_size, cfg.vocab.lowercase,
+                  cfg.vocab.unused_tokens, cfg.vocab.min_frequency, log=log)
     s = cfg.shards
     params = ShardParams(
         seq_len=s.seq_len, max_pred=s.max_pred, masked_lm_prob=s.masked_lm_prob, short_seq_prob=s.short_seq_prob,
@@ -161,5 +160,4 @@ def run_prepare(cfg: Any, log=print) -> dict[str, Any]:
     save_config(cfg, root / "data_config.yaml")
     log(f"data prepare: done in {time.perf_counter() - t0:.1f}s -> {shards_dir}"
         + (f", {eval_dir}" if s.eval_fraction > 0 else ""))
-    del vocab
     return result
