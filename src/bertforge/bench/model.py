@@ -26,6 +26,7 @@ _CACHE: dict[tuple, Any] = {}
 
 def _adamw(params) -> torch.optim.Optimizer:
     try:
+        params = list(params)
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
     except (RuntimeError, TypeError, ValueError):  # fused not supported here: foreach for both sides
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, foreach=True)
@@ -46,14 +47,15 @@ def _inputs(batch: int, seq: int, masked: int, vocab: int, seed: int = 0) -> dic
             "nsp_labels": torch.randint(0, 2, (batch,), generator=g)}
 
 
-def _setup(impl: str, preset: str, batch: int, seq: int, masked: int, attention: str, compile: bool):
-    key = (impl, preset, batch, seq, masked, attention, compile)
+def _setup(impl: str, preset: str, batch: int, seq: int, masked: int, attention: str, compile: bool | str,
+           device: torch.device):
+    key = (impl, preset, batch, seq, masked, attention, compile, str(device))
     if key in _CACHE:
         return _CACHE[key]
     _CACHE.clear()  # one model in memory at a time (base + AdamW is ~1.3 GB)
     config = BertConfig.from_preset(preset, vocab_size=30522)
     torch.manual_seed(0)
-    x = _inputs(batch, seq, masked, config.vocab_size)
+    x = {k: v.to(device) for k, v in _inputs(batch, seq, masked, config.vocab_size).items()}
     if impl == "ours":
         model = build_model(config, "pretraining", attention=attention)
 
@@ -71,28 +73,30 @@ def _setup(impl: str, preset: str, batch: int, seq: int, masked: int, attention:
                      labels=x["dense_labels"], next_sentence_label=x["nsp_labels"]).loss
     else:
         raise ValueError(f"impl must be ours or hf, not {impl!r}")
-    model.train()
-    runner = torch.compile(model) if compile else model
+    model.to(device).train()
+    # compile: true (inductor default) or a mode name ("reduce-overhead": CUDA graphs)
+    runner = torch.compile(model, mode=compile if isinstance(compile, str) else None) if compile else model
     opt = _adamw(model.parameters())
     _CACHE[key] = (config, runner, opt, step_loss)
     return _CACHE[key]
 
 
 def train_step(impl: str = "ours", preset: str = "tiny", precision: str = "fp32", batch: int = 32, seq: int = 128,
-               masked: int = 20, steps: int = 2, attention: str = "auto", compile: bool = False) -> dict[str, float]:
+               masked: int = 20, steps: int = 2, attention: str = "auto", compile: bool | str = False,
+               device: str = "cpu") -> dict[str, float]:
     """`steps` optimizer steps of pre-training on one fixed batch; seq/s, ms per step and MFU."""
-    cpu = torch.device("cpu")
-    config, model, opt, step_loss = _setup(impl, preset, batch, seq, masked, attention, compile)
+    where = dev.resolve_device(device)
+    config, model, opt, step_loss = _setup(impl, preset, batch, seq, masked, attention, compile, where)
     t0 = time.perf_counter()
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
-        with dev.autocast(cpu, precision):
+        with dev.autocast(where, precision):
             loss = step_loss(model)
         loss.backward()
         opt.step()
-    dev.synchronize(cpu)
+    dev.synchronize(where)
     elapsed = time.perf_counter() - t0
     seq_per_s = steps * batch / elapsed
     flops = flops_per_sequence(config, seq, masked) * seq_per_s
     return {"seq_per_s": seq_per_s, "step_ms": 1000 * elapsed / steps,
-            "mfu": flops / dev.peak_flops(cpu, precision), "loss": loss.item()}
+            "mfu": flops / dev.peak_flops(where, precision), "loss": loss.item()}
