@@ -162,3 +162,15 @@ def test_packed_shards_train(tmp_path):
     summary = run_pretrain(_cfg(d, tmp_path / "run", **{"train.max_steps": 2, "train.global_batch_size": 8,
                                                          "train.micro_batch_size": 2}))
     assert summary["sequences"] == 2 * 8  # 4 packs x 2 sequences per update
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_runs(shards, tmp_path, precision):
+    """bf16 autocast and fp16 with dynamic loss scaling train on CPU (GPUs use them; the lead checks CUDA)."""
+    summary = run_pretrain(_cfg(shards, tmp_path / precision, **{"train.max_steps": 2, "train.precision": precision,
+                                                                  "train.save_every": 100}))
+    assert summary["precision"] == precision and summary["step"] == 2
+    assert summary["final_loss"] is not None and summary["final_loss"] == summary["final_loss"]  # not NaN
+    state = ckpt.latest_checkpoint(tmp_path / precision / "checkpoints").load_state()
+    if precision == "fp16":
+        assert state["scaler"]["scale"] > 0  # the scaler's state is saved for resume
