@@ -286,3 +286,21 @@ def test_cli(tmp_path, capsys):
     assert meta["algorithm"] == "nnlshp" and meta["max_per_pack"] == 2
     with h5py.File(tmp_path / "out" / meta["shards"][0]) as f:
         assert f["next_sentence_positions"].shape[1] == 2 and f.attrs["bertforge_kind"] == "packed"
+
+
+def test_bench_callables_small(tmp_path):
+    from bertforge.bench import packing as bench
+
+    lengths = bench.wiki_like_lengths(50_000)
+    assert lengths.min() >= 5 and lengths.max() == 512 and 0.4 < 1 - lengths.mean() / 512 < 0.6
+    r = bench.algorithm("lpfhp", n=50_000, max_per_pack=16, assign=True)
+    assert r["efficiency"] > 0.99 and r["speedup"] > 1.9 and r["assign_s"] >= 0
+    src = tmp_path / "in"
+    for i in range(2):
+        s = make_samples(40, 64, 10, seed=i)
+        s["input_ids"] %= 30000  # token ids within the vocab
+        s["masked_lm_ids"] %= 30000
+        write_shard(src / f"shard_{i}.hdf5", s)
+    pk.pack_shards(pk.PackConfig(str(src), str(tmp_path / "p")), log=lambda m: None)
+    r = bench.packed_vs_unpacked(str(src), str(tmp_path / "p"), preset="tiny", micro_batch=2, steps=1)
+    assert r["theoretical_speedup_batches"] > 1 and r["packed_tokens_per_s"] > 0
