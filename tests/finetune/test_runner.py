@@ -188,3 +188,19 @@ def test_torchrun_two_processes_match_one(tiny_model, tmp_path):
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=2e-6, rtol=1e-4)
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_train_batches_cover_every_row_once(grouped):
+    from bertforge.finetune.runner import train_batches
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 128, 1000)
+    batches = train_batches(lengths, 32, np.random.default_rng(1), grouped)
+    rows = np.concatenate(batches)
+    assert sorted(rows.tolist()) == list(range(1000))
+    assert sorted(len(b) for b in batches) == [8] + [32] * 31
+    padded = sum(lengths[b].max() * len(b) for b in batches)
+    if grouped:  # far less padding than random batches
+        random_padded = sum(lengths[b].max() * len(b) for b in train_batches(lengths, 32, np.random.default_rng(1)))
+        assert padded < 0.8 * random_padded

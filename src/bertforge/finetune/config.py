@@ -49,6 +49,9 @@ class FinetuneConfig:
     """auto, fp32, bf16 or fp16."""
     device: str = "auto"
     """auto, cpu, cuda[:N], xpu, hpu or mps."""
+    group_by_length: bool = False
+    """Draw each training batch from rows of similar length (length-sorted mega-batches of 50 batches, batch
+    order shuffled; Hugging Face's `group_by_length`): less padding per batch, same rows per epoch."""
     dropout: float | None = None
     """Hidden and attention dropout of the model (None: the checkpoint's own config.json rates)."""
     attention: str = "auto"

@@ -127,6 +127,22 @@ def collate(data: Encoded, rows: Sequence[int], pad_id: int, device: torch.devic
     return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def train_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, group_by_length: bool = False
+                  ) -> list[np.ndarray]:
+    """One epoch of training batches (row indices): a random permutation cut into batches; with
+    `group_by_length`, each mega-batch of 50 batches is sorted by length before cutting and the batches are then
+    shuffled (Hugging Face `LengthGroupedSampler`), so a batch pads to little more than its rows' own lengths."""
+    order = rng.permutation(len(lengths))
+    if group_by_length:
+        mega = 50 * batch_size
+        order = np.concatenate([c[np.argsort(-lengths[c], kind="stable")]
+                                for c in (order[i:i + mega] for i in range(0, len(order), mega))])
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    if group_by_length:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
 def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
     """Row indices sorted by length, cut into batches: evaluation pads almost nothing."""
     order = np.argsort(lengths, kind="stable")
@@ -329,12 +345,11 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
             epoch += 1
             model.train()
             t0, seqs = time.perf_counter(), 0
-            order = rng.permutation(len(task.train))
-            for b0 in range(0, len(order), cfg.batch_size):
+            lengths = np.array([len(x) for x in task.train.input_ids])
+            for rows in train_batches(lengths, cfg.batch_size, rng, cfg.group_by_length):
                 if step >= total_steps:
                     break
                 step += 1
-                rows = order[b0:b0 + cfg.batch_size]
                 lr = lr_at(step, cfg.lr, total_steps, cfg.warmup, kind="linear")
                 for g in opt.param_groups:
                     g["lr"] = lr

