@@ -156,3 +156,19 @@ def test_builtin_python_docs():
     assert len(text) > 20000 and ">>>" not in text
     with pytest.raises(UserError, match="builtin:python-docs"):
         sources.iter_source("builtin:nope")
+
+
+def test_cut_off_dump_keeps_pages_then_errors(shared_data):
+    """The Vietnamese sample is a dump head cut off mid-file: pages before the cut come out, then a clear error."""
+    dump = shared_data / "wikipedia_dump_sample" / "wikiextractor_vi_pair" / "test.xml"
+    pages = []
+    with pytest.raises(UserError, match="test.xml.*not valid XML"):
+        for page in sources.iter_wiki_dump(dump):
+            pages.append(page)
+    assert len(pages) > 5
+    prefixes = sources.non_article_prefixes(sources.dump_namespaces(dump))
+    assert "tập tin:" in prefixes  # the Vietnamese name of the File namespace, from <siteinfo>
+    texts = [sources.wikitext_to_text(w, prefixes) for _, w in pages[:6]]
+    assert sum(bool(t) for t in texts) >= 4  # the main page is all templates/divs: empty is right
+    assert all("{{" not in t and "[[" not in t and "|" not in t and "nhỏ|" not in t for t in texts)
+    assert "ngôn ngữ" in texts[2]

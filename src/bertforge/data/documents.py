@@ -13,6 +13,7 @@ skips the work.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -49,8 +50,8 @@ def clean_document(text: str) -> list[str]:
     return out
 
 
-def _clean_wiki(item: tuple[str, str]) -> list[str]:
-    return clean_document(sources.wikitext_to_text(item[1]))
+def _clean_wiki(item: tuple[str, str], drop_prefixes: tuple[str, ...] = ()) -> list[str]:
+    return clean_document(sources.wikitext_to_text(item[1], drop_prefixes))
 
 
 def _clean_plain(item: tuple[str, str]) -> list[str]:
@@ -77,6 +78,7 @@ def write_documents(
     workers: int | None = None,
     source: str = "",
     log: Callable[[str], None] = print,
+    drop_prefixes: tuple[str, ...] = (),
 ) -> dict:
     """Clean `docs` ((title, text) pairs) and write docs_{i}.txt shards + manifest.json into out_dir."""
     out = Path(out_dir)
@@ -102,7 +104,7 @@ def write_documents(
     names = [f"docs_{i}.txt" for i in range(num_shards)]
     tmps = [out / f".{n}.tmp{os.getpid()}" for n in names]
     handles = [open(t, "w", encoding="utf-8") for t in tmps]
-    fn = _clean_wiki if wikitext else _clean_plain
+    fn = functools.partial(_clean_wiki, drop_prefixes=drop_prefixes) if wikitext else _clean_plain
     n_workers = max(1, min(workers or (os.cpu_count() or 1), 32))
     counts = {"documents": 0, "sentences": 0, "chars": 0, "dropped_short": 0, "raw_documents": 0}
     t0 = time.perf_counter()
@@ -168,5 +170,6 @@ def run_docs(source: str, out_dir: str | os.PathLike, num_shards: int = 8, min_d
 def run_wiki(dump: str | os.PathLike, out_dir: str | os.PathLike, num_shards: int = 8, min_doc_chars: int = 200,
              workers: int | None = None, log=print) -> dict:
     """`bertforge data wiki`: a pages-articles dump -> clean documents (wikitext parsed in worker processes)."""
+    prefixes = sources.non_article_prefixes(sources.dump_namespaces(dump)) if Path(dump).is_file() else ()
     return write_documents(sources.iter_wiki_dump(dump), out_dir, num_shards, min_doc_chars, True, workers,
-                           str(dump), log)
+                           str(dump), log, drop_prefixes=prefixes)

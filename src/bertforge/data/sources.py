@@ -208,6 +208,30 @@ def iter_wiki_dump(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
         raw.close()
 
 
+def dump_namespaces(path: str | os.PathLike) -> dict[int, str]:
+    """Namespace key -> local name (e.g. 6: "Tập tin" in Vietnamese) from a dump's <siteinfo> header."""
+    path = Path(path)
+    out: dict[int, str] = {}
+    raw = bz2.open(path, "rb") if path.suffix == ".bz2" else open(path, "rb")
+    try:
+        for _event, elem in ET.iterparse(raw, events=("end",)):
+            name = _local(elem.tag)
+            if name == "namespace" and elem.get("key") is not None:
+                out[int(elem.get("key"))] = (elem.text or "").strip()
+            elif name in ("siteinfo", "page"):
+                break
+    except (OSError, EOFError, ET.ParseError, ValueError):
+        pass  # iter_wiki_dump reports a broken dump with a clear error
+    finally:
+        raw.close()
+    return out
+
+
+def non_article_prefixes(namespaces: dict[int, str]) -> tuple[str, ...]:
+    """Lower-case "name:" prefixes of every namespace but articles (links to files, categories, ...)."""
+    return tuple(f"{n.lower()}:" for k, n in namespaces.items() if k != 0 and n)
+
+
 # tags whose content is not prose (mwparserfromhell keeps Tag contents when stripping)
 _DROP_TAGS = {
     "ref", "references", "table", "gallery", "math", "chem", "score", "timeline", "graph", "imagemap",
@@ -215,11 +239,16 @@ _DROP_TAGS = {
 }
 _DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:", "wikt:", ":category:")
 _INTERWIKI = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
+_MEDIA_FILE = re.compile(r"\.(jpe?g|png|svg|gif|tiff?|webp|ogg|ogv|webm|mp3|wav|pdf|djvu)$", re.IGNORECASE)
 
 
-def wikitext_to_text(wikitext: str) -> str:
+def wikitext_to_text(wikitext: str, drop_prefixes: tuple[str, ...] = ()) -> str:
     """Wikitext -> plain prose with mwparserfromhell: templates, tables, references, files, categories, HTML,
-    headings and comments removed; links replaced by their text; one paragraph per line."""
+    headings and comments removed; links replaced by their text; one paragraph per line.
+
+    `drop_prefixes`: extra lower-case link prefixes to drop — a dump's localized namespace names
+    (`non_article_prefixes(dump_namespaces(dump))`, e.g. "tập tin:" for files in Vietnamese); links to media
+    files are dropped whatever their prefix."""
     import mwparserfromhell
 
     code = mwparserfromhell.parse(wikitext)
@@ -232,7 +261,9 @@ def wikitext_to_text(wikitext: str) -> str:
             drop = str(node.tag).strip().lower() in _DROP_TAGS
         elif kind == "Wikilink":
             title = str(node.title).strip().lower()
-            drop = title.startswith(_DROP_LINK_PREFIXES) or bool(_INTERWIKI.match(title))
+            drop = (title.startswith(_DROP_LINK_PREFIXES) or bool(_INTERWIKI.match(title))
+                    or (bool(drop_prefixes) and title.lstrip(":").startswith(drop_prefixes))
+                    or bool(_MEDIA_FILE.search(title)))
         if drop:
             try:
                 code.remove(node)
