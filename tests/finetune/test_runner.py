@@ -204,3 +204,59 @@ def test_train_batches_cover_every_row_once(grouped):
     if grouped:  # far less padding than random batches
         random_padded = sum(lengths[b].max() * len(b) for b in train_batches(lengths, 32, np.random.default_rng(1)))
         assert padded < 0.8 * random_padded
+
+
+@pytest.fixture(scope="module")
+def tiny_roberta(tmp_path_factory):
+    """A 2-layer random RoBERTa with a byte-level BPE tokenizer.json trained on the test words."""
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers.processors import RobertaProcessing
+
+    d = tmp_path_factory.mktemp("tiny_roberta")
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    tok.post_processor = RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")),
+                                           trim_offsets=True)
+    tok.save(str(d / "tokenizer.json"))
+    cfg = transformers.RobertaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=80,
+                                     type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    torch.manual_seed(0)
+    transformers.RobertaModel(cfg).save_pretrained(d)
+    return d
+
+
+def test_roberta_squad_and_glue(tiny_roberta, tmp_path):
+    import transformers
+
+    from bertforge.finetune import squad
+
+    data = _squad(tmp_path)
+    tok = load_tokenizer(tiny_roberta)
+    examples, _ = squad.read_squad(data)
+    f = squad.make_features(examples, tok, max_seq_len=32, doc_stride=8, max_query_len=12, training=True)
+    # <s> q </s></s> ctx </s>, no token types; answers recovered exactly through the (trimmed) offsets
+    assert f.input_ids[0][0] == tok.token_to_id("<s>") and f.input_ids[0][-1] == tok.token_to_id("</s>")
+    assert all(t.sum() == 0 for t in f.token_type_ids)
+    for i in range(len(f)):
+        s, e = int(f.start_positions[i]), int(f.end_positions[i])
+        if s:
+            ex = examples[f.example_index[i]]
+            c0, off = int(f.ctx_offset[i]), f.offsets[i]
+            assert ex.context[off[s - c0, 0]:off[e - c0, 1]] == ex.answers[0][0]
+    cfg = load_config("finetune", "squad_base_384", [f"output_dir={tmp_path / 'sq'}", "max_seq_len=32",
+                                                      "doc_stride=8", "max_query_len=12", "batch_size=4",
+                                                      "micro_batch_size=4", "epochs=1"])
+    s = run_finetune(FinetuneRun("squad", str(tiny_roberta), str(data), [str(data)]), cfg, log=lambda m: None)
+    assert 0 <= s["best"]["f1"] <= 100
+    preds = json.loads((tmp_path / "sq" / "predictions.json").read_text())
+    assert all(p == p.strip() for p in preds.values())
+    transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "sq" / "best")
+    train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
+    cfg = load_config("finetune", None, [f"output_dir={tmp_path / 'gl'}", "batch_size=8", "micro_batch_size=8",
+                                         "epochs=1"])
+    run_finetune(FinetuneRun("mrpc", str(tiny_roberta), str(train), [str(dev)]), cfg, log=lambda m: None)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "gl" / "best")
+    assert hf.config.model_type == "roberta"

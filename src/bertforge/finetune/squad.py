@@ -137,6 +137,20 @@ def _encode_unique(tokenizer, texts: Sequence[str]) -> dict[str, Any]:
     return dict(zip(unique, encs))
 
 
+def _trimmed_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+    """(n, 2) token character spans without surrounding whitespace: byte-level BPE (RoBERTa) tokens carry their
+    leading space ("Ġparis" spans " paris") unless a post-processor trims them, and we encode without one."""
+    out = np.asarray(offsets, dtype=np.int64).reshape(-1, 2).copy()
+    for row in out:
+        s, e = int(row[0]), int(row[1])
+        while s < e - 1 and text[s].isspace():
+            s += 1
+        while e > s + 1 and text[e - 1].isspace():
+            e -= 1
+        row[0], row[1] = s, e
+    return out
+
+
 def make_features(examples: Sequence[SquadExample], tokenizer, max_seq_len: int = 384, doc_stride: int = 128,
                   max_query_len: int = 64, training: bool = False) -> SquadFeatures:
     sp = specials_for(tokenizer)
@@ -144,11 +158,14 @@ def make_features(examples: Sequence[SquadExample], tokenizer, max_seq_len: int 
     questions = _encode_unique(tokenizer, [e.question for e in examples])
     f = SquadFeatures([], [], [], [], [], [], [], [])
     ex_idx, ctx_off, starts, ends = [], [], [], []
+    trimmed: dict[str, np.ndarray] = {}
     for i, ex in enumerate(examples):
         q_ids = questions[ex.question].ids[:max_query_len]
         c_enc = contexts[ex.context]
         c_ids = np.asarray(c_enc.ids, dtype=np.int64)
-        c_offsets = np.asarray(c_enc.offsets, dtype=np.int64).reshape(-1, 2)  # (n_ctx, 2)
+        if ex.context not in trimmed:
+            trimmed[ex.context] = _trimmed_offsets(ex.context, c_enc.offsets)
+        c_offsets = trimmed[ex.context]  # (n_ctx, 2)
         max_ctx = max_seq_len - len(q_ids) - 2 - sp.mid
         if max_ctx <= 0:
             raise UserError(f"max_seq_len {max_seq_len} leaves no room for the context after a {len(q_ids)}-token "
