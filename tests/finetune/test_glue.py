@@ -61,3 +61,9 @@ def test_shared_glue_files(shared_data, task, name):
         assert 0.0 <= min(ex.labels) and max(ex.labels) <= 5.0
     else:
         assert set(ex.labels) == set(range(spec.num_labels))
+
+
+def test_hf_dataset_offline_error_is_one_line():
+    pytest.importorskip("datasets")
+    with pytest.raises(UserError, match="--train-file/--dev-file"):
+        glue.load_hf("mrpc", "train", "bertforge-test/no-such-dataset")
