@@ -128,7 +128,8 @@ def _batches(directory: str, kind: str, micro_batch: int, count: int, seed: int 
 
 
 def packed_vs_unpacked(unpacked_dir: str, packed_dir: str, preset: str = "mini", micro_batch: int = 8,
-                       steps: int = 4, precision: str = "fp32", threads: int | None = None) -> dict[str, float]:
+                       steps: int = 4, precision: str = "fp32", threads: int | None = None, device: str = "cpu",
+                       attention: str = "sdpa") -> dict[str, float]:
     """fwd + bwd + LAMB step on batches of `micro_batch` rows from both formats, interleaved step by step (so
     machine load hits both alike); throughput in real tokens/s and sequences/s, and the measured speed-up as a
     fraction of the theoretical one (unpacked rows / packed rows for the same sequences, from packing.json)."""
@@ -145,11 +146,14 @@ def packed_vs_unpacked(unpacked_dir: str, packed_dir: str, preset: str = "mini",
     meta = json.loads((Path(packed_dir) / pk.METADATA).read_text())
     data = {"unpacked": _batches(unpacked_dir, "unpacked", micro_batch, steps + 1),
             "packed": _batches(packed_dir, "packed", micro_batch, steps + 1)}
-    cpu = torch.device("cpu")
+    where = dev.resolve_device(device)
+    precision = dev.resolve_precision(precision, where)
+    data = {k: [{n: (t.to(where) if isinstance(t, torch.Tensor) else t) for n, t in b.items()} for b in v]
+            for k, v in data.items()}
     cfg = BertConfig.from_preset(preset, max_position_embeddings=max(512, meta["seq_len"]))
     torch.manual_seed(0)
-    models = {k: build_model(cfg, "pretraining", attention="sdpa") for k in data}
-    opts = {k: build_optimizer(m, "lamb", 1e-4, 0.01, (0.9, 0.999), 1e-6) for k, m in models.items()}
+    models = {k: build_model(cfg, "pretraining", attention=attention).to(where) for k in data}
+    opts = {k: build_optimizer(m, "lamb", 1e-4, 0.01, (0.9, 0.999), 1e-6, where.type) for k, m in models.items()}
     times: dict[str, list[float]] = {k: [] for k in data}
     tokens = {k: 0 for k in data}
     seqs = {k: 0 for k in data}
@@ -157,12 +161,14 @@ def packed_vs_unpacked(unpacked_dir: str, packed_dir: str, preset: str = "mini",
         for kind in ("unpacked", "packed") if step % 2 == 0 else ("packed", "unpacked"):
             batch = dict(data[kind][step])
             n_tok, n_seq = batch.pop("_tokens"), batch.pop("_seqs")
+            dev.synchronize(where)
             t0 = time.perf_counter()
-            with dev.autocast(cpu, precision):
+            with dev.autocast(where, precision):
                 loss = models[kind](**batch).loss
             loss.backward()
             opts[kind].step()
             opts[kind].zero_grad(set_to_none=True)
+            dev.synchronize(where)
             dt = time.perf_counter() - t0
             if step:
                 times[kind].append(dt)
@@ -214,7 +220,8 @@ def wikitext_shards(workdir: str | None = None, seq_len: int = 512, max_pred: in
 
 def wikitext_training(preset: str = "mini", micro_batch: int = 4, steps: int = 8, precision: str = "fp32",
                       threads: int | None = 1, algorithm: str = "lpfhp", max_per_pack: int = 3,
-                      workdir: str | None = None) -> dict[str, float]:
+                      workdir: str | None = None, device: str = "cpu", attention: str = "sdpa") -> dict[str, float]:
     """`packed_vs_unpacked` on WikiText-2 seq-512 shards (made on first use)."""
     unpacked, packed = wikitext_shards(workdir, algorithm=algorithm, max_per_pack=max_per_pack)
-    return packed_vs_unpacked(str(unpacked), str(packed), preset, micro_batch, steps, precision, threads)
+    return packed_vs_unpacked(str(unpacked), str(packed), preset, micro_batch, steps, precision, threads, device,
+                              attention)
