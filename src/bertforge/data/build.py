@@ -409,13 +409,13 @@ def run_shards(
         "max_pred": params.max_pred,
         "masked_lm_prob": params.masked_lm_prob,
         "wwm": params.wwm,
-        "vocab": str(vocab),
+        "vocab": str(Path(vocab).resolve()),
         "vocab_sha256": vsha,
         "vocab_size": vocab_size,
         "special_ids": [sp.get("pad", 0), sp["cls"], sp["sep"]],
         "mask_id": sp["mask"],
         "params_hash": phash,
-        "documents_source": [str(f) for f in files],
+        "documents_source": [str(f.resolve()) for f in files],
     }
     result: dict[str, Any] = {"wall_s": wall}
     for kind, d in (("train", out), ("eval", ev)):
