@@ -104,3 +104,14 @@ def test_limits_and_model_dir_errors(head_models, tmp_path):
         Predictor.from_dir("qa", head_models["qa"], Limits(max_seq_len=1024))
     with pytest.raises(UserError, match="missing"):  # a classify model served as qa has no QA head
         Predictor.from_dir("qa", head_models["classify"])
+
+
+def test_serve_cli_argument_errors(head_models, capsys):
+    from bertforge.cli import main
+
+    assert main(["serve", "--model", str(head_models["qa"]), "--task", "qa", "--task", "classify"]) == 2
+    assert "one --task per --model" in capsys.readouterr().err
+    assert main(["serve", "--model", str(head_models["qa"]), "--task", "qa", "--max-batch", "0"]) == 2
+    assert "max_batch" in capsys.readouterr().err
+    assert main(["predict", "--task", "qa", "--question", "q"]) == 2
+    assert "--context" in capsys.readouterr().err

@@ -57,9 +57,9 @@ def serve_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", action="append", required=True, choices=SERVE_TASKS,
                    help="task of the --model at the same position (Triton model names: qa, classify, fill_mask)")
     p.add_argument("--host", default=sc.host, help="address to bind (loopback unless told otherwise)")
-    p.add_argument("--http-port", type=int, default=sc.http_port)
-    p.add_argument("--grpc-port", type=int, default=sc.grpc_port)
-    p.add_argument("--metrics-port", type=int, default=sc.metrics_port)
+    p.add_argument("--http-port", type=int, default=sc.http_port, help="HTTP/REST (KServe v2) port")
+    p.add_argument("--grpc-port", type=int, default=sc.grpc_port, help="gRPC port")
+    p.add_argument("--metrics-port", type=int, default=sc.metrics_port, help="Prometheus metrics port")
     p.add_argument("--max-batch", type=int, default=sc.max_batch,
                    help="most rows per model call (Triton max_batch_size); requests with more rows are refused")
     p.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=sc.dynamic_batching,
@@ -73,7 +73,7 @@ def serve_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-request-bytes", type=int, default=lim.max_request_bytes,
                    help="UTF-8 bytes of text per request; larger requests are refused")
     p.add_argument("--top-k", type=int, default=lim.top_k, help="fill-mask: candidates per [MASK]")
-    p.add_argument("--access-token", default=os.environ.get("BERTFORGE_ACCESS_TOKEN"),
+    p.add_argument("--access-token", default=None,
                    help="token for Triton's restricted endpoints (statistics, model repository, ...), sent by "
                         "clients as the triton-access-token header; default $BERTFORGE_ACCESS_TOKEN or a random "
                         "one, printed at start")
@@ -97,10 +97,11 @@ def serve_run(args: argparse.Namespace) -> int:
         raise UserError("each task can be served once per server")
     if args.threads:
         torch.set_num_threads(args.threads)
+    token = args.access_token or os.environ.get("BERTFORGE_ACCESS_TOKEN") or None  # never echoed by --help
     cfg = server.ServeConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
                              metrics_port=args.metrics_port, max_batch=args.max_batch,
                              dynamic_batching=args.dynamic_batching, max_queue_delay_us=args.max_queue_delay_us,
-                             instances=args.instances, access_token=args.access_token, log_verbose=args.log_verbose)
+                             instances=args.instances, access_token=token, log_verbose=args.log_verbose)
     limits = Limits(max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
                     max_request_bytes=args.max_request_bytes, top_k=args.top_k)
     predictors = [(t, Predictor.from_dir(t, m, limits)) for m, t in zip(args.model, args.task)]
@@ -112,7 +113,7 @@ def serve_run(args: argparse.Namespace) -> int:
           f"metrics {cfg.host}:{cfg.metrics_port}; batching "
           f"{'dynamic, max ' + str(cfg.max_batch) + ' rows, ' + str(cfg.max_queue_delay_us) + ' us' if cfg.dynamic_batching else 'off'}",
           flush=True)
-    if args.access_token is None:
+    if token is None:
         print(f"bertforge serve: access token {server.access_token(triton)}", flush=True)
     try:
         triton.serve()
