@@ -125,9 +125,11 @@ class _Server:
         self.token = secrets.token_urlsafe(16)
         cmd = [sys.executable, "-m", "bertforge", "serve", "--model", str(model_dir), "--task", task,
                "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics),
-               "--access-token", self.token, *args]
+               *args]
         self.log = tempfile.NamedTemporaryFile(prefix="bertforge-serve-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        # the token travels in the environment, not on the command line where `ps` shows it
+        env = {**os.environ, "BERTFORGE_ACCESS_TOKEN": self.token}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + timeout_s
         while not self._ready():
             if self.proc.poll() is not None or time.time() > deadline:
