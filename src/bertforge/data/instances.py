@@ -12,8 +12,8 @@ id with p=0.1. Predictions are sorted by position and 0-padded to max_pred (posi
 Shuffling-then-taking-the-first-k is done as "the k smallest of iid uniform keys", which is the same
 distribution over subsets and vectorizes over a whole shard (keys are 22-24 random bits with the column as
 a tie-break, so exactly k are chosen; the tie bias is below 1e-3 per row); `mask_tokens` (one sequence, the loader's
-dynamic masking) is the same code on a batch of one. Whole-word masking keeps Google's greedy skip loop per
-row. `reference_mask_tokens` is a line-by-line port of Google's loop; the tests check both agree in
+dynamic masking) is the same code on a batch of one. Whole-word masking runs Google's greedy skip loop
+vectorized over rows (one step per group rank). `reference_mask_tokens` is a line-by-line port of Google's loop; the tests check both agree in
 distribution.
 """
 
@@ -78,11 +78,10 @@ def mask_batch(
         cand &= ids != sid
     k = num_to_predict(lengths, max_pred, masked_lm_prob)  # (N,)
     if word_starts is not None:
-        for r in range(n_rows):
-            pos = _wwm_choose(cand[r], np.asarray(word_starts[r], dtype=bool), int(k[r]), rng)
-            positions[r, : len(pos)] = pos
-        rows, slots = np.nonzero(positions)
-        cols = positions[rows, slots]
+        sel = _wwm_select(cand, np.asarray(word_starts, dtype=bool), k, rng)  # (N, S) chosen positions
+        rows, cols = np.nonzero(sel)  # row-major: positions ascending within each row
+        slots = (np.cumsum(sel, axis=1) - 1)[rows, cols]
+        positions[rows, slots] = cols
     else:
         # unique integer keys per row: random bits, then the column (breaks the rare tie), and the top bit
         # set for non-candidates so they sort last; 31 - col_bits random bits (22 at seq 512)
@@ -108,25 +107,35 @@ def mask_batch(
     return ids, positions, labels
 
 
-def _wwm_choose(cand: np.ndarray, starts: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Sorted positions chosen by Google's whole-word loop for one row."""
-    idx = np.flatnonzero(cand)
-    if idx.size == 0:
-        return idx
-    new_group = starts[idx].copy()
-    new_group[0] = True  # a leading continuation piece starts its own group (Google: `len(cand_indexes) >= 1`)
-    bounds = np.flatnonzero(new_group)
-    sizes = np.diff(np.append(bounds, idx.size))
-    chosen: list[int] = []
-    total = 0
-    for g in rng.permutation(len(bounds)):
-        if total >= k:
-            break
-        if total + sizes[g] > k:
-            continue
-        chosen.extend(idx[bounds[g] : bounds[g] + sizes[g]].tolist())
-        total += int(sizes[g])
-    return np.sort(np.asarray(chosen, dtype=np.int64))
+def _wwm_select(cand: np.ndarray, starts: np.ndarray, k: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Google's whole-word loop for all rows at once: (N, S) bool of the chosen positions.
+
+    Groups: a candidate starts a new group if it starts a word or is the row's first candidate; otherwise it
+    joins the latest group. Groups are visited in a uniformly random order and taken greedily when they fit
+    in what is left of k (a group that does not fit is skipped, later smaller ones may still fit) — one
+    vectorized step per group rank instead of a Python loop per row.
+    """
+    n, seq = cand.shape
+    first_cand = cand & (np.cumsum(cand, axis=1) == 1)
+    new_group = cand & (starts | first_cand)  # (N, S)
+    gid = np.cumsum(new_group, axis=1) - 1  # (N, S) group of each position (valid where cand)
+    n_groups = new_group.sum(axis=1)  # (N,)
+    rows, cols = np.nonzero(cand)
+    sizes = np.bincount(rows * seq + gid[rows, cols], minlength=n * seq).reshape(n, seq)  # (N, G<=S) group sizes
+    keys = rng.random((n, seq), dtype=np.float32)  # (N, S) a random order of the groups; slots past n_groups last
+    keys[np.arange(seq)[None, :] >= n_groups[:, None]] = 2.0
+    order = np.argsort(keys, axis=1)  # (N, S) group ids in visiting order
+    ordered = np.take_along_axis(sizes, order, axis=1)
+    ordered[np.take_along_axis(keys, order, axis=1) >= 2.0] = seq + 1  # never fits
+    total = np.zeros(n, dtype=np.int64)
+    taken = np.zeros((n, seq), dtype=bool)
+    for j in range(int(n_groups.max(initial=0))):
+        fit = total + ordered[:, j] <= k
+        taken[:, j] = fit
+        total += np.where(fit, ordered[:, j], 0)
+    chosen_group = np.zeros((n, seq), dtype=bool)
+    np.put_along_axis(chosen_group, order, taken, axis=1)
+    return cand & np.take_along_axis(chosen_group, np.where(cand, gid, 0), axis=1)
 
 
 def mask_tokens(
