@@ -565,6 +565,8 @@ def _out_name(i: int) -> str:
     return f"packed_{i:05d}.hdf5"
 
 
+_MANIFEST_KEYS = ("vocab", "vocab_file", "vocab_sha256", "vocab_size", "mask_id", "special_ids", "masked_lm_prob",
+                  "wwm", "split")
 _CARRY = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
 
 
@@ -582,7 +584,7 @@ def _append_bucket(path: Path, rows: dict[str, list[np.ndarray]]) -> None:
 
 def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Pack the shards of cfg.input_dir into cfg.output_dir; returns the metadata (also in packing.json)."""
-    from bertforge.data.shards import list_shards, write_shard
+    from bertforge.data.shards import list_shards, read_manifest, write_shard
 
     t0 = time.perf_counter()
     if cfg.algorithm not in ALGORITHMS:
@@ -703,7 +705,10 @@ def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str
         bucket.unlink(missing_ok=True)
         log(f"pack: wrote {names[i]} ({len(sel)} packs)")
 
+    # what the trainer needs from the input's manifest (vocab, masking), so the packed directory stands alone
+    source = read_manifest(cfg.input_dir) or {}
     meta = {
+        **{k: source[k] for k in _MANIFEST_KEYS if k in source},
         "algorithm": cfg.algorithm, "max_per_pack": cfg.max_per_pack, "k_max": cfg.max_per_pack,
         "seq_len": S, "max_pred": max_pred, "mlm_width": width, "seed": cfg.seed,
         **stats, "strategy_seconds": t_alg, "distinct_packs": len(strategy.combos),
