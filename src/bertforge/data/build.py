@@ -43,7 +43,11 @@ ASSIGN_DRAWS = 1 << 16
 
 @dataclasses.dataclass
 class ShardParams:
-    """Everything that determines a shard's bytes (hashed into each shard and the manifest)."""
+    """Everything that determines a shard's bytes (hashed into each shard and the manifest).
+
+    The fields mirror `bertforge.data.config.ShardsConfig` (documented there) under the CLI's names; kept
+    separate so the CLI's error messages name the flags (`--seq-len`) and the config's the keys.
+    """
 
     seq_len: int = 128
     max_pred: int = 20
