@@ -278,12 +278,16 @@ def test_cli(tmp_path, capsys):
     from bertforge.cli import main
 
     write_input_shards(tmp_path / "in", n_shards=2, rows=60)
+    from bertforge.data.shards import write_manifest
+
+    write_manifest(tmp_path / "in", {"vocab": "/some/vocab.txt", "vocab_size": 123, "tokens": 5})
     rc = main(["pack", "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--algorithm", "nnlshp",
                "--max-per-pack", "2", "--seed", "3"])
     assert rc == 0
     assert "sequences in" in capsys.readouterr().out
     meta = json.loads((tmp_path / "out" / pk.METADATA).read_text())
     assert meta["algorithm"] == "nnlshp" and meta["max_per_pack"] == 2
+    assert meta["vocab"] == "/some/vocab.txt" and meta["vocab_size"] == 123 and meta["tokens"] != 5  # vocab carried
     with h5py.File(tmp_path / "out" / meta["shards"][0]) as f:
         assert f["next_sentence_positions"].shape[1] == 2 and f.attrs["bertforge_kind"] == "packed"
 
