@@ -27,6 +27,7 @@ from pathlib import Path
 
 import transformers
 
+transformers.logging.set_verbosity_error()  # the NSP head and pooler are not part of a masked-LM model: expected
 summary = json.loads(Path("runs/demo/pretrain/summary.json").read_text())
 model_dir = summary["model_dir"]
 vocab = sum(1 for _ in open(Path(model_dir) / "vocab.txt", encoding="utf-8"))
@@ -42,7 +43,7 @@ for text in ["The [MASK] statement is used to leave a loop.",
              "Use the import statement to load a [MASK].",
              "This function returns a new [MASK] object.",
              "The default value of the argument is [MASK]."]:
-    guesses = ", ".join(f"{p['token_str']} ({p['score']:.2f})" for p in fill(text))
+    guesses = ", ".join(f"{p['token_str']} ({p['score']:.3f})" for p in fill(text))
     print(f"  {text:<48} -> {guesses}")
 PYEOF
 echo "== demo done in $(( $(date +%s) - START ))s; model: $(cat runs/demo/pretrain/summary.json | $PY -c 'import json,sys; print(json.load(sys.stdin)["model_dir"])')"

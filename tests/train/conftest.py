@@ -55,7 +55,8 @@ def tiny_overrides(data: Path, out: Path, **extra) -> list[str]:
         "data.eval_dir": "null",
         "train.output_dir": str(out), "train.max_steps": 6, "train.global_batch_size": 8,
         "train.micro_batch_size": 4, "train.precision": "fp32", "train.device": "cpu", "train.log_every": 1,
-        "train.save_every": 3, "train.eval_every": 3, "optim.lr": 1e-3, "optim.warmup": 0.2,
+        "train.save_every": 3, "train.eval_every": 3,
+        "train.tensorboard": False, "train.plot": False, "optim.lr": 1e-3, "optim.warmup": 0.2,
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]

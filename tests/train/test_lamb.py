@@ -50,7 +50,7 @@ def test_lamb_matches_reference(max_grad_norm, seed):
     ref_opts = [dict(opts, weight_decay=g["weight_decay"]) for g in ref_groups]
     state: dict = {}
     gen = torch.Generator().manual_seed(seed)
-    for step in range(60):
+    for step in range(40):
         x = torch.randn(16, 7, generator=gen, dtype=torch.float64) * (1 + step % 5)
         y = torch.randn(16, generator=gen, dtype=torch.float64)
         for m in (model, ref):
@@ -60,7 +60,7 @@ def test_lamb_matches_reference(max_grad_norm, seed):
         reference_lamb_step([g["params"] for g in ref_groups], ref_opts, state)
     for (n, a), (_, b) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=n)
-    assert all(g["step"] == 60 for g in opt.param_groups)
+    assert all(g["step"] == 40 for g in opt.param_groups)
     # the parameters actually moved, and the zero-weight parameter stayed finite
     assert not torch.equal(model.dense.weight, Toy().double().dense.weight)
     assert torch.isfinite(model.zero).all()

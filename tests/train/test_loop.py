@@ -107,7 +107,9 @@ def test_cli_outputs_and_transformers_loads(shards, tmp_path, capsys):
     rc = main(["pretrain", "--config", "demo_tiny_128", "--json-summary", str(js),
                *["--set=" + s for s in tiny_overrides(shards, out, **{"train.max_steps": 3,
                                                                         "data.eval_dir": str(shards),
-                                                                        "data.eval_batches": 2})]])
+                                                                        "data.eval_batches": 2,
+                                                                        "train.plot": True,
+                                                                        "train.tensorboard": True})]])
     assert rc == 0
     assert "done: phase 1 step 3" in capsys.readouterr().out
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -115,6 +117,7 @@ def test_cli_outputs_and_transformers_loads(shards, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step"] == 3 and "final_eval_mlm_acc" in summary
     assert (out / "metrics.png").is_file() and (out / "config.yaml").is_file()
+    assert any((out / "tensorboard").iterdir())
     lines = js.read_text().splitlines()
     assert all(line.startswith("DLLL {") for line in lines)
     assert json.loads(lines[0][5:])["type"] == "PARAMETER"

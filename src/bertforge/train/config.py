@@ -65,6 +65,10 @@ class TrainConfig:
     """Keep the newest K checkpoints."""
     max_nonfinite_steps: int = 20
     """Stop after this many non-finite steps in a row."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to output_dir/tensorboard."""
+    plot: bool = True
+    """Draw output_dir/metrics.png (loss and accuracy curves) at the end."""
     stop_after_steps: int = 0
     """End this process after this many updates of the phase (0: run to max_steps), with a checkpoint: for
     time-limited cluster jobs that continue with --resume (the schedule still spans max_steps)."""

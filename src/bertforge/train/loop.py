@@ -193,7 +193,8 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
                                      vocab_size=vocab_size)
     accum = loader.accum
     batches = loader.iterate(start_batch=state.batches)
-    logger = MetricsLogger(out_dir, info.is_main, t.max_steps, json_summary, resume=found is not None)
+    logger = MetricsLogger(out_dir, info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard,
+                           resume=found is not None)
     logger.params({"phase": state.phase, "world_size": info.world_size, "accumulation": accum,
                    "precision": precision, "device": str(device), "data_kind": loader.kind,
                    **{f"{k}.{kk}": vv for k, v in asdict(cfg).items() for kk, vv in v.items()}})
@@ -297,7 +298,7 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
         "checkpoint": str(final.path) if final else None,
         "model_dir": str(final.model_dir) if final else None,
     }
-    logger.finish(summary)
+    logger.finish(summary, plot=t.plot)
     return summary
 
 
