@@ -145,7 +145,7 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
     hf: BertForPreTraining + AdamW (lr 1e-3 by default, linear warmup over the same steps), plain loop.
     Evaluation time is excluded. Returns seconds (inf if the limit was reached), steps and final accuracy.
     """
-    from bertforge.data.loader import PretrainLoader, eval_batches as eval_iter
+    from bertforge.data.loader import PretrainLoader, eval_batches as eval_iter, read_manifest
     from bertforge.model import BertConfig, build_model
     from bertforge.optim.lamb import build_optimizer
     from bertforge.optim.schedule import lr_at
@@ -156,11 +156,7 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
         loader = PretrainLoader.from_dir(data_dir, batch, batch, 0, 1, seed=0, num_workers=1)
         it = loader.iterate()
         evals = list(eval_iter(eval_dir, batch, max_batches=eval_batches))
-        vocab = max(int(max(b["input_ids"].max() for b in evals)) + 1, 8)
-        from bertforge.data.loader import read_manifest  # noqa: F401  (vocab from the manifest if present)
-
-        manifest = read_manifest(data_dir)
-        vocab = int(manifest.get("vocab_size", 0)) or _vocab_from_shards(data_dir, vocab)
+        vocab = int(read_manifest(data_dir).get("vocab_size", 0)) or _vocab_from_shards(data_dir, 8)
         config = BertConfig.from_preset(preset, vocab_size=vocab, max_position_embeddings=512)
         if impl == "ours":
             model = build_model(config, "pretraining")
