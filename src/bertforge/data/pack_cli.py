@@ -29,4 +29,8 @@ def pack_run(args: argparse.Namespace) -> int:
     print(f"{meta['sequences']} sequences in {meta['packs']} packs: {meta['avg_seq_per_sample']:.3f} per row, "
           f"padding {meta['padding_fraction_before']:.1%} -> {meta['padding_fraction_after']:.1%}, "
           f"theoretical speed-up {meta['theoretical_speedup']:.3f}x")
+    if meta["packing_efficiency"] < 0.97 and args.algorithm != "nnlshp":
+        # the greedy algorithms are weak at small K on Wikipedia-shaped data (docs/packing.md)
+        print(f"hint: {meta['packing_efficiency']:.1%} efficiency; --algorithm nnlshp (slower, independent of the "
+              "data size) or a larger --max-per-pack usually packs tighter")
     return 0
