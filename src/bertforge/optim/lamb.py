@@ -134,9 +134,12 @@ class Lamb(torch.optim.Optimizer):
                 w_norm = torch._foreach_norm(fp32_params)
                 u_norm = torch._foreach_norm(update)
                 # trust ratio ‖w‖/‖u‖, 1 where either norm is 0 (NVLAMB); computed on device, no host sync
-                trust = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) for w, u in zip(w_norm, u_norm)]
-                torch._foreach_mul_(update, trust)
-            torch._foreach_mul_(update, -group["lr"])
+                # one pass for −lr·trust (the ratio and the lr are folded into per-tensor scalars first)
+                scale = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) * -group["lr"]
+                         for w, u in zip(w_norm, u_norm)]
+                torch._foreach_mul_(update, scale)
+            else:
+                torch._foreach_mul_(update, -group["lr"])
             if all(p.dtype == _math_dtype(p) for p in params):
                 torch._foreach_add_(params, update)
             else:
