@@ -554,8 +554,8 @@ def read_lengths(files: Sequence[Path], chunk_rows: int = 4096) -> tuple[np.ndar
                 rows.append(int(n))
         except OSError as e:
             raise UserError(f"shard {path} cannot be read ({e}); re-create it or delete the file") from None
-    if seq_len is None:
-        raise UserError("no input shards")
+    if seq_len is None or not lengths:
+        raise UserError(f"the input shards ({files[0].parent if files else '-'}) hold no rows; nothing to pack")
     return np.concatenate(lengths), np.concatenate(preds), rows, int(seq_len), int(max_pred)
 
 
