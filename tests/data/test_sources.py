@@ -172,3 +172,20 @@ def test_cut_off_dump_keeps_pages_then_errors(shared_data):
     assert sum(bool(t) for t in texts) >= 4  # the main page is all templates/divs: empty is right
     assert all("{{" not in t and "[[" not in t and "|" not in t and "nhỏ|" not in t for t in texts)
     assert "ngôn ngữ" in texts[2]
+
+
+def test_cli_wiki_and_vocab_from(tmp_path, shared_data, capsys):
+    from bertforge.cli import main
+
+    dump = _dump(tmp_path / "t.xml.bz2")
+    assert main(["data", "wiki", "--dump", str(dump), "--out", str(tmp_path / "docs"), "--min-doc-chars", "20",
+                 "--shards", "1", "--workers", "1"]) == 0
+    assert "It flows north." in (tmp_path / "docs" / "docs_0.txt").read_text()
+    assert main(["data", "wiki", "--dump", str(tmp_path / "nope.xml.bz2"), "--out", str(tmp_path / "d2")]) == 2
+    assert "nope.xml.bz2 does not exist" in capsys.readouterr().err
+    vocab = shared_data / "bert_vocab" / "bert-base-uncased-vocab.txt"
+    assert main(["data", "vocab", "--from", str(vocab), "--out", str(tmp_path / "v")]) == 0
+    assert (tmp_path / "v" / "vocab.txt").read_bytes() == vocab.read_bytes()
+    from bertforge.data.vocab import load_tokenizer
+
+    assert load_tokenizer(tmp_path / "v").encode("Hello there").tokens == ["[CLS]", "hello", "there", "[SEP]"]
