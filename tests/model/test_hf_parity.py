@@ -206,3 +206,22 @@ def test_roberta_pretraining_save_is_refused(tmp_path):
                         intermediate_size=64, model_type="roberta", pad_token_id=1, type_vocab_size=1)
     with pytest.raises(UserError, match="no NSP head"):
         save_pretrained(build_model(config, "pretraining"), config, tmp_path / "x")
+
+
+def test_pytorch_model_bin_and_losses_of_fine_tuning_heads(tmp_path):
+    """pytorch_model.bin (read with weights_only) loads too; classification/regression/QA losses equal HF's."""
+    ids, mask, types = batch("bert")
+    for task, labels in (("classification", {"labels": torch.tensor([0, 2, 1])}),
+                         ("regression", {"labels": torch.tensor([0.5, -1.0, 2.0])}),
+                         ("qa", {"start_positions": torch.tensor([1, 3, 40]), "end_positions": torch.tensor([2, 5, 4])})):
+        torch.manual_seed(0)
+        theirs = getattr(transformers, HF_CLASSES["bert", task])(hf_config("bert", task)).eval()
+        theirs.save_pretrained(tmp_path / task)
+        # transformers 5 writes only safetensors: write the legacy pickle ourselves
+        (tmp_path / task / "model.safetensors").unlink()
+        torch.save(theirs.state_dict(), tmp_path / task / "pytorch_model.bin")
+        ours, _ = load_pretrained(tmp_path / task, task, num_labels=3)
+        with torch.no_grad():
+            o = ours.eval()(ids, mask, types, **labels)
+            h = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types, **labels)
+        torch.testing.assert_close(o.loss, h.loss, atol=ATOL, rtol=0)
