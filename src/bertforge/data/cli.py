@@ -21,7 +21,8 @@ def data_add(p: argparse.ArgumentParser) -> None:
 
     d = sub.add_parser("docs", help="text files/globs, WikiExtractor dirs, hf:NAME, builtin:python-docs -> documents")
     d.add_argument("--source", required=True,
-                   help="file, glob, directory, WikiExtractor dir, .xml[.bz2] dump, hf:NAME[:CONFIG] or builtin:python-docs")
+                   help="file, glob, directory, WikiExtractor dir, .xml[.bz2] dump, hf:NAME[:CONFIG] "
+                   "or builtin:python-docs")
     d.add_argument("--out", required=True, help="output directory of document text shards")
     d.add_argument("--one-doc-per-file", action="store_true", help="each text file is one document")
     _docs_common(d)

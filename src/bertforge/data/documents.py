@@ -153,7 +153,8 @@ def write_documents(
     tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, manifest_path)
     log(f"data docs: {counts['documents']} documents, {counts['sentences']} sentences, "
-        f"{counts['chars'] / 1e6:.1f} M chars -> {out} in {wall:.1f}s ({counts['raw_documents'] / max(wall, 1e-9):,.0f} docs/s)")
+        f"{counts['chars'] / 1e6:.1f} M chars -> {out} in {wall:.1f}s "
+        f"({counts['raw_documents'] / max(wall, 1e-9):,.0f} docs/s)")
     return manifest
 
 

@@ -52,7 +52,10 @@ def shard_stats(path: str | Path) -> dict[str, Any]:
             if need not in f:
                 raise UserError(f"{path} has no {need} dataset; it is not a pre-training shard")
         n, seq = f["input_ids"].shape
-        max_pred = int(f["masked_lm_positions"].shape[1]) if "masked_lm_positions" in f else int(attrs.get("max_pred", 0))
+        if "masked_lm_positions" in f:
+            max_pred = int(f["masked_lm_positions"].shape[1])
+        else:
+            max_pred = int(attrs.get("max_pred", 0))
         len_hist = np.zeros(seq + 1, np.int64)
         mask_hist = np.zeros(max(max_pred, 1) + 1, np.int64)
         per_row_hist: np.ndarray | None = None
@@ -173,7 +176,7 @@ def format_report(result: dict[str, Any]) -> str:
         f"{t['shards']} shard(s), kind {'/'.join(t['kinds'])}: {t['rows']:,} rows, {t['sequences']:,} sequences, "
         f"{t['tokens']:,} tokens",
         f"sequence length: mean {t['mean_seq_len']}, p50 {_pct(t['seq_len_hist'], .5)}, "
-        f"p90 {_pct(t['seq_len_hist'], .9)}, max {len(t['seq_len_hist']) - 1 - next((i for i, v in enumerate(reversed(t['seq_len_hist'])) if v), 0)}",
+        f"p90 {_pct(t['seq_len_hist'], .9)}, max {int(np.flatnonzero(t['seq_len_hist']).max(initial=0))}",
         f"padding fraction: {t['padding_fraction']:.3f}",
         f"NSP random-next fraction: {t['nsp_random_fraction'] if t['nsp_random_fraction'] is not None else 'n/a'}",
         f"masked predictions per row: mean {t['masked_per_row_mean']}, distribution "

@@ -11,10 +11,10 @@ id with p=0.1. Predictions are sorted by position and 0-padded to max_pred (posi
 
 Shuffling-then-taking-the-first-k is done as "the k smallest of iid uniform keys", which is the same
 distribution over subsets and vectorizes over a whole shard (keys are 22-24 random bits with the column as
-a tie-break, so exactly k are chosen; the tie bias is below 1e-3 per row); `mask_tokens` (one sequence, the loader's
-dynamic masking) is the same code on a batch of one. Whole-word masking runs Google's greedy skip loop
-vectorized over rows (one step per group rank). `reference_mask_tokens` is a line-by-line port of Google's loop; the tests check both agree in
-distribution.
+a tie-break, so exactly k are chosen; the tie bias is below 1e-3 per row). `mask_tokens` (one sequence, the
+loader's dynamic masking) is the same code on a batch of one. Whole-word masking runs Google's greedy skip
+loop vectorized over rows (one step per group rank). `reference_mask_tokens` is a line-by-line port of
+Google's loop; the tests check that both agree in distribution.
 """
 
 from __future__ import annotations

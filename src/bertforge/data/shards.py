@@ -130,7 +130,10 @@ def shard_kind(path: str | os.PathLike) -> str:
 def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     """The file attributes of a shard as plain Python values."""
     with _open(path) as f:
-        return {k: (v.item() if hasattr(v, "item") else (v.decode() if isinstance(v, bytes) else v)) for k, v in f.attrs.items()}
+        out = {}
+        for k, v in f.attrs.items():
+            out[k] = v.item() if hasattr(v, "item") else (v.decode() if isinstance(v, bytes) else v)
+        return out
 
 
 def read_shard(path: str | os.PathLike, validate: bool = True) -> dict[str, np.ndarray]:

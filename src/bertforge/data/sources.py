@@ -295,7 +295,8 @@ def iter_hf(spec: str) -> Iterator[Doc]:
         if p.is_dir() and ((p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file()):
             ds = datasets.load_from_disk(str(p))
         elif p.is_file():
-            fmt = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}.get(p.suffix)
+            formats = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+            fmt = formats.get(p.suffix)
             if fmt is None:
                 raise UserError(f"hf:{name}: cannot tell the format of {p} (use .json/.jsonl/.csv/.parquet/.txt)")
             ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
