@@ -95,7 +95,7 @@ def packed_and_padded(T=12):
     return padded, packed, where
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager", "auto"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "auto", "varlen"])
 def test_packed_rows_equal_padded_rows(attention):
     torch.manual_seed(0)
     model = build_model(tiny(), "pretraining", attention=attention).eval()
@@ -217,3 +217,20 @@ def test_varlen_meta_boundaries():
     meta = varlen_meta(torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 1, 0, 0, 0]]))
     assert meta.indices.tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
     assert meta.cu_seqlens.tolist() == [0, 2, 5, 8] and meta.max_seqlen == 3
+
+
+def test_unpadded_varlen_path_on_cpu_matches_sdpa_and_skips_padding():
+    """attention="varlen" off CUDA: matmuls on the real tokens only, attention by SDPA on the re-padded batch."""
+    torch.manual_seed(0)
+    a = build_model(tiny(), "pretraining", attention="sdpa").eval()
+    b = build_model(tiny(), "pretraining", attention="varlen").eval()
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(5, V, (3, 10))
+    mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4, [1] * 3 + [0] * 7])
+    rows = []
+    b.bert.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+    x, y = a(ids, mask), b(ids, mask)
+    assert rows == [19]  # (N, H): 10 + 6 + 3 real tokens went through the FFN, not 30
+    real = mask.bool()
+    torch.testing.assert_close(y.last_hidden_state[real], x.last_hidden_state[real], atol=1e-5, rtol=0)
+    assert (y.last_hidden_state[~real] == 0).all()

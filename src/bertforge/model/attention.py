@@ -7,11 +7,15 @@ a padding token attends to every real token of its row, exactly like Hugging Fac
 so outputs at padding positions match `transformers` too and no softmax row is ever empty (empty rows give
 NaN with -inf masking). A row with no real token at all attends everywhere, for the same reason.
 
-Kernels, chosen per model by name (a table, `ATTENTION_IMPLS`):
+Kernels, chosen per model by name (`ATTENTION_IMPLS`):
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` with a boolean (B, 1, T, T) mask.
-- `varlen`: tokens unpadded to (N, H) for the whole encoder and attention run by a varlen flash kernel
-  (`flash_attn.flash_attn_varlen_func` when installed, else `torch.nn.attention.varlen.varlen_attn`) on CUDA
-  with half precision inputs; anywhere else it falls back to `sdpa` with the block mask.
+- `varlen`: tokens unpadded to (N, H) for the whole encoder, so no matmul runs on padding. Attention runs in a
+  varlen flash kernel (`flash_attn.flash_attn_varlen_func` when installed, else
+  `torch.nn.attention.varlen.varlen_attn`) on CUDA with half-precision inputs; anywhere else the layer
+  re-pads q/k/v for `sdpa` with the block mask and unpads the context again. Data-dependent shapes
+  (`nonzero`): meant for eager mode, not for one compiled graph.
+- `auto`: the flash varlen path where it is usable for the batch, else plain padded `sdpa` (compiles without
+  graph breaks on CPU).
 - `eager`: softmax(QK^T / sqrt(d) + mask) V written out, the reference the others are tested against.
 """
 
@@ -47,13 +51,11 @@ VARLEN_KERNEL = flash_varlen_kernel()
 
 
 def resolve_attention(name: str) -> str:
-    """`auto` -> `varlen` when a varlen kernel is importable (it still falls back per batch), else `sdpa`."""
+    """Validate a kernel name; `auto` stays `auto` (decided per batch: flash varlen where usable, else sdpa)."""
     if name not in ATTENTION_IMPLS:
         from bertforge.errors import ConfigError
 
         raise ConfigError(f"attention must be one of {', '.join(ATTENTION_IMPLS)}, not {name!r}")
-    if name == "auto":
-        return "varlen" if VARLEN_KERNEL is not None else "sdpa"
     return name
 
 
@@ -77,12 +79,18 @@ class VarlenMeta:
     """(S+1,) int32 cumulative sequence lengths over the N real tokens (one entry per packed sequence)."""
     max_seqlen: int
     """Longest sequence, for the kernel's tiling."""
+    shape: tuple[int, int]
+    """(B, T) of the padded layout."""
 
 
-def varlen_meta(attention_mask: torch.Tensor) -> VarlenMeta:
-    """Sequences are the maximal runs of one nonzero index within a row (packed rows keep them contiguous)."""
+def varlen_meta(attention_mask: torch.Tensor, lengths: bool = True) -> VarlenMeta:
+    """Sequences are the maximal runs of one nonzero index within a row (packed rows keep them contiguous).
+    `lengths=False` skips cu_seqlens/max_seqlen (the unpadded SDPA path needs only the indices)."""
     flat = attention_mask.reshape(-1)  # (B*T,)
     indices = torch.nonzero(flat, as_tuple=False).flatten()  # (N,)
+    shape = (attention_mask.shape[0], attention_mask.shape[1])
+    if not lengths:
+        return VarlenMeta(indices, indices.new_zeros(0, dtype=torch.int32), 0, shape)
     seq = flat[indices]  # (N,)
     row = torch.div(indices, attention_mask.shape[1], rounding_mode="floor")  # (N,)
     starts = torch.ones_like(seq, dtype=torch.bool)
@@ -90,7 +98,7 @@ def varlen_meta(attention_mask: torch.Tensor) -> VarlenMeta:
     start_idx = torch.nonzero(starts, as_tuple=False).flatten()  # (S,)
     cu = torch.cat([start_idx, start_idx.new_tensor([indices.numel()])]).to(torch.int32)  # (S+1,)
     max_seqlen = int((cu[1:] - cu[:-1]).max().item()) if cu.numel() > 1 else 0
-    return VarlenMeta(indices, cu, max_seqlen)
+    return VarlenMeta(indices, cu, max_seqlen, shape)
 
 
 def sdpa(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:

@@ -88,17 +88,27 @@ class SelfAttention(nn.Module):
 
     def forward(self, h, mask=None, meta: attn.VarlenMeta | None = None):
         p = self.dropout_p if self.training else 0.0
-        if meta is not None:  # unpadded tokens (N, H)
+        if meta is None:  # padded (B, T, H)
+            ctx = self._padded(self.qkv(h), mask, p)  # (B, T, H)
+        elif mask is None:  # unpadded tokens (N, H), varlen flash kernel
             N = h.shape[0]
             q, k, v = self.qkv(h).view(N, 3, self.heads, self.head_dim).unbind(1)  # 3 x (N, nh, D)
             ctx = attn.varlen(q, k, v, meta, p).reshape(N, -1)  # (N, H)
-        else:
-            B, T, _ = h.shape
-            qkv = self.qkv(h).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, D)
-            q, k, v = qkv.unbind(0)
-            fn = attn.eager if self.impl == "eager" else attn.sdpa
-            ctx = fn(q, k, v, mask, p).transpose(1, 2).reshape(B, T, -1)  # (B, nh, T, D) -> (B, T, H)
+        else:  # unpadded tokens (N, H); attention on the re-padded batch with the block mask
+            B, T = meta.shape
+            qkv = self.qkv(h)  # (N, 3H): the projection skips the padding
+            full = qkv.new_zeros(B * T, qkv.shape[-1]).index_copy(0, meta.indices, qkv)  # (B*T, 3H)
+            ctx = self._padded(full.view(B, T, -1), mask, p)  # (B, T, H)
+            ctx = ctx.reshape(B * T, -1).index_select(0, meta.indices)  # (N, H)
         return self.output(ctx, h)
+
+    def _padded(self, qkv, mask, p):
+        """qkv (B, T, 3H) -> context (B, T, H) with SDPA (or the eager reference) and the block mask."""
+        B, T, _ = qkv.shape
+        qkv = qkv.view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, D)
+        q, k, v = qkv.unbind(0)
+        fn = attn.eager if self.impl == "eager" else attn.sdpa
+        return fn(q, k, v, mask, p).transpose(1, 2).reshape(B, T, -1)  # (B, nh, T, D) -> (B, T, H)
 
 
 class Intermediate(nn.Module):
@@ -172,11 +182,13 @@ class BertEncoderModel(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         dropout_p = self.config.attention_probs_dropout_prob if self.training else 0.0
-        if self.attention_impl == "varlen" and attn.varlen_usable(h, dropout_p):
-            # no padding compute: every layer runs on the N real tokens only
-            meta = attn.varlen_meta(attention_mask)
+        flash = self.attention_impl in ("auto", "varlen") and attn.varlen_usable(h, dropout_p)
+        if flash or self.attention_impl == "varlen":
+            # no padding compute: every token-wise op (all the matmuls but attention's) runs on the N real
+            # tokens; attention runs in the varlen flash kernel, or else padded with SDPA and the block mask
+            meta = attn.varlen_meta(attention_mask, lengths=flash)
             flat = h.reshape(B * T, -1).index_select(0, meta.indices)  # (N, H)
-            flat = self.encoder(flat, None, meta)
+            flat = self.encoder(flat, None if flash else attn.block_mask(attention_mask), meta)
             out = flat.new_zeros(B * T, flat.shape[-1]).index_copy(0, meta.indices, flat)
             return out.view(B, T, -1)  # (B, T, H), zeros at padding
         return self.encoder(h, attn.block_mask(attention_mask))
