@@ -56,7 +56,8 @@ def test_exact_resume(shards, tmp_path):
     sb = ckpt.latest_checkpoint(split / "checkpoints").load_state()
     for i, st in sa["optimizer"]["state"].items():
         assert torch.equal(st["exp_avg_sq"], sb["optimizer"]["state"][i]["exp_avg_sq"])
-    assert sa["train_state"] == sb["train_state"]
+    drop = lambda s: {k: v for k, v in s["train_state"].items() if k != "train_seconds"}  # noqa: E731
+    assert drop(sa) == drop(sb)
 
 
 def test_phase2_from_phase1(shards, tmp_path):

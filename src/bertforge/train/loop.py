@@ -49,6 +49,8 @@ class TrainState:
     phase: int = 1
     phase_offset: int = 0
     """Updates of the earlier phases: the run-wide step is phase_offset + step."""
+    train_seconds: float = 0.0
+    """Wall time spent in this phase's loop, over all resumed runs."""
 
 
 # --------------------------------------------------------------------------------------------- pieces
@@ -185,6 +187,7 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
         _log0(info, f"--resume: no checkpoint in {ckpt_root}; starting from scratch")
 
     model_ddp = ddp.wrap_ddp(model, device, info)
+    sync_owner = model_ddp  # no_sync lives on the DDP wrapper, not on the compiled module around it
     if cfg.model.compile:
         model_ddp = torch.compile(model_ddp)
     global_rows = rows_per_update(d.input_dir, t.global_batch_size, t.micro_batch_size, info.world_size)
@@ -203,6 +206,7 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
                 f"{t.micro_batch_size} x {info.world_size} ranks x {accum} accumulation; {loader.kind} shards")
 
     def save() -> ckpt.Checkpoint | None:
+        state.train_seconds = seconds_before + time.perf_counter() - t_start
         rngs = _gather_rng(device)
         saved_ckpt = None
         if info.is_main:
@@ -224,6 +228,7 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
     last_eval = -1
     eval_metrics: dict[str, float] = {}
     t_start = time.perf_counter()
+    seconds_before = state.train_seconds
     model_ddp.train()
 
     # ---- the loop: one iteration = one attempted update
@@ -236,7 +241,7 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
             batch = next(batches)
             window.data_wait += time.perf_counter() - t0
             batch = to_device(batch, device)
-            with ddp.maybe_no_sync(model_ddp, micro < accum - 1), dev.autocast(device, precision):
+            with ddp.maybe_no_sync(sync_owner, micro < accum - 1), dev.autocast(device, precision):
                 out = model_ddp(**batch)
                 loss = out.loss / accum
             scaler.scale(loss).backward()
@@ -291,7 +296,7 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
     summary = {
         "phase": state.phase, "step": state.step, "global_step": state.phase_offset + state.step,
         "sequences": state.sequences, "tokens": state.tokens, "skipped_steps": state.skipped,
-        "train_time_s": time.perf_counter() - t_start, "precision": precision, "device": str(device),
+        "train_time_s": seconds_before + time.perf_counter() - t_start, "precision": precision, "device": str(device),
         "world_size": info.world_size, "model_preset": cfg.model.preset,
         "final_loss": window.last.get("loss"), "final_mlm_acc": window.last.get("mlm_acc"),
         **{f"final_{k}": v for k, v in eval_metrics.items()},
