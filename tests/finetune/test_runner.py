@@ -177,10 +177,16 @@ def test_torchrun_two_processes_match_one(tiny_model, tmp_path):
               "--set", "batch_size=16", "--set", "micro_batch_size=8", "--set", "epochs=1", "--set", "lr=1e-3",
               "--set", "dropout=0"]
     assert main(["finetune", *common, "--output-dir", str(tmp_path / "one"), "--set", "micro_batch_size=16"]) == 0
+    import socket
+
+    with socket.socket() as s:  # a free port: a fixed one collides with any other run on the machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-                    "-m", "bertforge", "finetune", *common, "--output-dir", str(tmp_path / "two")],
-                   check=True, env=env, capture_output=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_port", str(port), "-m", "bertforge", "finetune", *common,
+                           "--output-dir", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     from safetensors.torch import load_file
 
     a = load_file(str(tmp_path / "one" / "best" / "model.safetensors"))
