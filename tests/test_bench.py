@@ -64,3 +64,13 @@ def test_bad_spec_errors(tmp_path):
 def test_only_matching_nothing_is_an_error(spec):
     with pytest.raises(UserError, match="no benchmark"):
         harness.run_spec(harness.load_spec(str(spec)), ["zzz"])
+
+
+def test_accel_callables_run_on_cpu():
+    """The accelerator spec's callables also run on the CPU: parity raises beyond tolerance, steps report."""
+    from bertforge.bench import accel
+
+    diffs = accel.parity("cpu", batch=4, seq=32)
+    assert diffs["sdpa_fp32_maxdiff"] < 1e-4 and diffs["sdpa_packed_maxdiff"] < 1e-4
+    out = accel.train_step("ours", "tiny", "fp32", batch=2, seq=32, masked=4, steps=1, device="cpu")
+    assert out["seq_per_s"] > 0 and out["tokens_per_s"] == out["seq_per_s"] * 32 and out["loss"] > 0

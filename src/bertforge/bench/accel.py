@@ -12,90 +12,21 @@ The spec `benchmarks/accel_pretrain_step.yml` runs these; results are in docs/BE
 from __future__ import annotations
 
 import tempfile
-import time
-from typing import Any
 
 import torch
 
 from bertforge import device as dev
-from bertforge.model import BertConfig, build_model
-from bertforge.model.flops import flops_per_sequence
-
-_CACHE: dict[tuple, Any] = {}
-
-
-def _inputs(batch: int, seq: int, masked: int, vocab: int, device: torch.device, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, vocab, (batch, seq), generator=g)
-    ids[:, 0], ids[:, -1] = 101, 102
-    types = (torch.arange(seq) >= seq // 2).long().expand(batch, seq).contiguous()
-    positions = torch.stack([torch.randperm(seq - 2, generator=g)[:masked] + 1 for _ in range(batch)]).sort(1).values
-    labels = torch.randint(1000, vocab, (batch, masked), generator=g)
-    dense = torch.full((batch, seq), -100, dtype=torch.long).scatter(1, positions, labels)
-    x = {"input_ids": ids, "token_type_ids": types, "attention_mask": torch.ones_like(ids),
-         "masked_positions": positions, "masked_labels": labels, "dense_labels": dense,
-         "nsp_labels": torch.randint(0, 2, (batch,), generator=g)}
-    return {k: v.to(device) for k, v in x.items()}
-
-
-def _optimizer(params, device: torch.device):
-    kind = "fused" if device.type == "cuda" else "foreach"
-    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, **{kind: True})
-
-
-def _setup(impl, preset, batch, seq, masked, attention, compile, device_spec):
-    key = (impl, preset, batch, seq, masked, attention, compile, device_spec)
-    if key in _CACHE:
-        return _CACHE[key]
-    _CACHE.clear()
-    device = dev.resolve_device(device_spec)
-    dev.empty_cache(device)
-    dev.reset_peak_memory(device)
-    config = BertConfig.from_preset(preset, vocab_size=30528)  # padded to a multiple of 8 as NVIDIA does
-    torch.manual_seed(0)
-    x = _inputs(batch, seq, masked, 30522, device)
-    if impl == "ours":
-        model = build_model(config, "pretraining", attention=attention).to(device)
-
-        def step_loss(m):
-            return m(x["input_ids"], x["attention_mask"], x["token_type_ids"], masked_positions=x["masked_positions"],
-                     masked_labels=x["masked_labels"], nsp_labels=x["nsp_labels"]).loss
-    else:
-        import transformers
-
-        hf_cfg = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
-        model = transformers.BertForPreTraining._from_config(hf_cfg, attn_implementation="sdpa").to(device)
-
-        def step_loss(m):
-            return m(input_ids=x["input_ids"], attention_mask=x["attention_mask"], token_type_ids=x["token_type_ids"],
-                     labels=x["dense_labels"], next_sentence_label=x["nsp_labels"]).loss
-    model.train()
-    runner = torch.compile(model) if compile else model
-    opt = _optimizer(model.parameters(), device)
-    _CACHE[key] = (device, config, runner, opt, step_loss)
-    return _CACHE[key]
-
+from bertforge.bench import model as model_bench
 
 def train_step(impl: str = "ours", preset: str = "base", precision: str = "bf16", batch: int = 64, seq: int = 128,
-               masked: int = 20, steps: int = 10, attention: str = "auto", compile: bool = False,
+               masked: int = 20, steps: int = 10, attention: str = "auto", compile: bool | str = False,
                device: str = "auto") -> dict[str, float]:
-    """`steps` optimizer steps on one fixed batch: seq/s, tokens/s, ms per step, MFU, peak memory."""
-    dev_, config, model, opt, step_loss = _setup(impl, preset, batch, seq, masked, attention, compile, device)
-    dev.synchronize(dev_)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        with dev.autocast(dev_, precision):
-            loss = step_loss(model)
-        loss.backward()
-        opt.step()
-    dev.synchronize(dev_)
-    elapsed = time.perf_counter() - t0
-    seq_per_s = steps * batch / elapsed
-    flops = flops_per_sequence(config, seq, masked) * seq_per_s
-    return {"seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * seq, "step_ms": 1000 * elapsed / steps,
-            "mfu": flops / dev.peak_flops(dev_, precision), "loss": float(loss.item()),
-            "peak_mem_gb": dev.max_memory_allocated(dev_) / 2**30}
+    """`bertforge.bench.model.train_step` at phase-1/2 shapes with NVIDIA's padded vocab (30528), plus real
+    tokens/s and the step's peak device memory."""
+    out = model_bench.train_step(impl, preset, precision, batch, seq, masked, steps, attention, compile, device,
+                                 vocab=30528)
+    return {**out, "tokens_per_s": out["seq_per_s"] * seq,
+            "peak_mem_gb": dev.max_memory_allocated(dev.resolve_device(device)) / 2**30}
 
 
 def parity(device: str = "auto", preset: str = "tiny", seq: int = 64, batch: int = 4) -> dict[str, float]:

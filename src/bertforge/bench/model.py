@@ -48,14 +48,17 @@ def _inputs(batch: int, seq: int, masked: int, vocab: int, seed: int = 0) -> dic
 
 
 def _setup(impl: str, preset: str, batch: int, seq: int, masked: int, attention: str, compile: bool | str,
-           device: torch.device):
-    key = (impl, preset, batch, seq, masked, attention, compile, str(device))
+           device: torch.device, vocab: int = 30522):
+    key = (impl, preset, batch, seq, masked, attention, compile, str(device), vocab)
     if key in _CACHE:
         return _CACHE[key]
     _CACHE.clear()  # one model in memory at a time (base + AdamW is ~1.3 GB)
-    config = BertConfig.from_preset(preset, vocab_size=30522)
+    dev.empty_cache(device)
+    dev.reset_peak_memory(device)
+    config = BertConfig.from_preset(preset, vocab_size=vocab)
     torch.manual_seed(0)
-    x = {k: v.to(device) for k, v in _inputs(batch, seq, masked, config.vocab_size).items()}
+    # token ids stay below 30522 even when the embedding table is padded (NVIDIA's 30528)
+    x = {k: v.to(device) for k, v in _inputs(batch, seq, masked, min(config.vocab_size, 30522)).items()}
     if impl == "ours":
         model = build_model(config, "pretraining", attention=attention)
 
@@ -83,10 +86,10 @@ def _setup(impl: str, preset: str, batch: int, seq: int, masked: int, attention:
 
 def train_step(impl: str = "ours", preset: str = "tiny", precision: str = "fp32", batch: int = 32, seq: int = 128,
                masked: int = 20, steps: int = 2, attention: str = "auto", compile: bool | str = False,
-               device: str = "cpu") -> dict[str, float]:
+               device: str = "cpu", vocab: int = 30522) -> dict[str, float]:
     """`steps` optimizer steps of pre-training on one fixed batch; seq/s, ms per step and MFU."""
     where = dev.resolve_device(device)
-    config, model, opt, step_loss = _setup(impl, preset, batch, seq, masked, attention, compile, where)
+    config, model, opt, step_loss = _setup(impl, preset, batch, seq, masked, attention, compile, where, vocab)
     t0 = time.perf_counter()
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
