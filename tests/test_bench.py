@@ -74,3 +74,14 @@ def test_accel_callables_run_on_cpu():
     assert diffs["sdpa_fp32_maxdiff"] < 1e-4 and diffs["sdpa_packed_maxdiff"] < 1e-4
     out = accel.train_step("ours", "tiny", "fp32", batch=2, seq=32, masked=4, steps=1, device="cpu")
     assert out["seq_per_s"] > 0 and out["tokens_per_s"] == out["seq_per_s"] * 32 and out["loss"] > 0
+
+
+def test_a_failing_benchmark_is_reported_and_the_rest_still_run(tmp_path):
+    p = tmp_path / "spec.yml"
+    p.write_text("repeat: 1\nwarmup: 0\nbenchmarks:\n  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {nope: 1}}\n"
+                 "  - {name: good, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.0}}\n")
+    report = harness.run_spec(harness.load_spec(str(p)), progress=lambda s: None)
+    bad, good = report["results"]
+    assert "TypeError" in bad["error"] and bad["metrics"] == {}
+    assert good["metrics"]["slept_s"]["median"] == 0.0
+    assert "**failed**" in harness.markdown(report)

@@ -169,7 +169,12 @@ def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str]
     results: dict[str, dict[str, Any]] = {}
     for b in selected:
         progress(f"{b.name}: {b.fn} {b.params}")
-        results[b.name] = run_one(b, progress)
+        try:
+            results[b.name] = run_one(b, progress)
+        except Exception as e:  # one broken entry must not throw away the others' measurements
+            progress(f"  {b.name} FAILED: {type(e).__name__}: {e}")
+            results[b.name] = {"name": b.name, "fn": b.fn, "params": b.params, "metrics": {}, "samples": {},
+                               "error": f"{type(e).__name__}: {e}"}
     ratios = [compute_ratio(r, results) for r in spec.ratios if r.num in results and r.den in results]
     return {"title": spec.title, "spec": str(spec.path), "date": _dt.datetime.now().isoformat(timespec="seconds"),
             "machine": machine(), "results": list(results.values()), "ratios": ratios}
@@ -186,6 +191,8 @@ def markdown(report: dict[str, Any]) -> str:
              f" · devices: {', '.join(m['devices'])}", "",
              "| benchmark | metric | median | min | max | n |", "|---|---|---|---|---|---|"]
     for res in report["results"]:
+        if res.get("error"):
+            lines.append(f"| {res['name']} | **failed** | {res['error'][:120]} | | | |")
         for metric, s in res["metrics"].items():
             lines.append(f"| {res['name']} | {metric} | {_fmt(s['median'])} | {_fmt(s['min'])} | {_fmt(s['max'])} | {s['n']} |")
     if report["ratios"]:
