@@ -165,3 +165,32 @@ def test_packed_rows(tmp_path):
     assert b["nsp_labels"][other].tolist() == [1, 0]
     assert b["nsp_labels"][row].tolist() == [0, -1]  # the empty slot is -1 (ignored by the NSP loss)
     assert b["masked_positions"].shape == (2, W) and b["nsp_positions"].shape == (2, K)
+
+
+def test_dynamic_masking_packed_on_the_fly(tmp_path):
+    """pack_per_row packs each freshly masked window: same sequences, tokens and predictions in fewer rows."""
+    d = tmp_path / "dyn"
+    d.mkdir()
+    original = _dynamic_shard(d / "shard_0.hdf5", seq_len=48)
+    plain = _take(PretrainLoader.from_dir(d, 8, 8, 0, 1, seed=0, num_workers=0, vocab_size=64).iterate(), 5)
+    packed = _take(PretrainLoader.from_dir(d, 8, 8, 0, 1, seed=0, num_workers=0, vocab_size=64,
+                                           pack_per_row=3).iterate(), 5)
+    rows_plain = rows_packed = 0
+    for a, b in zip(plain, packed):
+        assert (b["nsp_labels"] >= 0).sum() == 8  # every sequence of the window, once
+        assert (b["attention_mask"] != 0).sum() == (a["attention_mask"] != 0).sum()  # every real token
+        assert (b["masked_positions"] > 0).sum() == (a["masked_positions"] > 0).sum()  # every prediction
+        # the masked tokens are the same multiset (positions shift, ids do not)
+        assert sorted(b["masked_labels"][b["masked_positions"] > 0].tolist()) == \
+            sorted(a["masked_labels"][a["masked_positions"] > 0].tolist())
+        assert int(b["attention_mask"].max()) <= 3 and "position_ids" in b
+        rows_plain, rows_packed = rows_plain + a["input_ids"].shape[0], rows_packed + b["input_ids"].shape[0]
+    assert rows_packed < rows_plain
+    assert len(original) == 40
+
+
+def test_pack_per_row_needs_dynamic_shards(shards):
+    from bertforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bertforge pack"):
+        PretrainLoader.from_dir(shards, 4, 4, 0, 1, seed=0, num_workers=0, pack_per_row=3)

@@ -206,6 +206,9 @@ class LoaderSpec:
     special_ids: tuple[int, ...] = (0, 101, 102)
     mask_id: int = 103
     wwm: bool = False
+    pack_per_row: int = 0
+    """Dynamic-masking shards only: pack each micro-batch window of sequences on the fly into rows of at most
+    this many sequences (the histogram algorithms of `bertforge.data.packing`); 0 = no packing."""
 
 
 class LaneReader:
@@ -280,18 +283,33 @@ def collate(spec: LoaderSpec, rows: list[tuple[dict[str, np.ndarray], int, tuple
             lab[r, : len(l)] = l
         batch = {"input_ids": ids, "attention_mask": stack("input_mask"), "token_type_ids": stack("segment_ids"),
                  "masked_positions": pos, "masked_labels": lab, "nsp_labels": stack("next_sentence_labels")}
+        if spec.pack_per_row:
+            # packing + dynamic masking: the freshly masked window is packed like a packed shard's rows, so the
+            # micro-batch keeps its sequences (an update sees exactly the global batch) in fewer rows
+            from bertforge.data.packing import pack_samples
+
+            e, shard, row = rows[0][2]
+            packed = pack_samples({"input_ids": ids, "input_mask": batch["attention_mask"],
+                                   "segment_ids": batch["token_type_ids"], "masked_lm_positions": pos,
+                                   "masked_lm_ids": lab, "next_sentence_labels": batch["nsp_labels"]},
+                                  spec.pack_per_row, rng=np.random.default_rng([spec.seed, e, shard, row, 1]))
+            batch = _packed_batch(lambda key: packed[key])
     elif spec.kind == "packed":
-        w = stack("next_sentence_weights")
-        batch = {"input_ids": stack("input_ids"), "attention_mask": stack("input_mask"),
-                 "token_type_ids": stack("segment_ids"), "position_ids": stack("positions"),
-                 "masked_positions": stack("masked_lm_positions"), "masked_labels": stack("masked_lm_ids"),
-                 "nsp_positions": stack("next_sentence_positions"),
-                 "nsp_labels": np.where(w > 0, stack("next_sentence_labels"), -1)}
+        batch = _packed_batch(stack)
     else:
         batch = {"input_ids": stack("input_ids"), "attention_mask": stack("input_mask"),
                  "token_type_ids": stack("segment_ids"), "masked_positions": stack("masked_lm_positions"),
                  "masked_labels": stack("masked_lm_ids"), "nsp_labels": stack("next_sentence_labels")}
     return {k: torch.from_numpy(np.ascontiguousarray(v).astype(np.int64)) for k, v in batch.items()}
+
+
+def _packed_batch(get) -> dict[str, np.ndarray]:
+    """Packed-schema arrays (DESIGN §3.3) -> the model's input names; empty NSP slots get label -1."""
+    w = get("next_sentence_weights")
+    return {"input_ids": get("input_ids"), "attention_mask": get("input_mask"), "token_type_ids": get("segment_ids"),
+            "position_ids": get("positions"), "masked_positions": get("masked_lm_positions"),
+            "masked_labels": get("masked_lm_ids"), "nsp_positions": get("next_sentence_positions"),
+            "nsp_labels": np.where(w > 0, get("next_sentence_labels"), -1)}
 
 
 class _RankStream(torch.utils.data.IterableDataset):
@@ -336,16 +354,21 @@ class PretrainLoader:
     @classmethod
     def from_dir(cls, directory: str | Path, global_batch: int, micro_batch: int, rank: int, world_size: int,
                  seed: int, num_workers: int = 2, prefetch: int = 4, chunk_rows: int = 2048,
-                 vocab_size: int = 30522, max_pred: int | None = None) -> "PretrainLoader":
+                 vocab_size: int = 30522, max_pred: int | None = None, pack_per_row: int = 0) -> "PretrainLoader":
         files = shard_files(directory)
         infos = inspect_shards(files)
+        if pack_per_row and infos[0].kind != "dynamic":
+            from bertforge.errors import ConfigError
+
+            raise ConfigError(f"data.pack_per_row packs dynamic-masking shards on the fly, but {directory} holds "
+                              f"{infos[0].kind} shards: pack those once with `bertforge pack`, or set it to 0")
         accum = batch_arithmetic(global_batch, micro_batch, world_size)
         n_lanes = accum * world_size
         lanes = assign_pieces([i.rows for i in infos], n_lanes)
         spec = LoaderSpec(
             files=[str(f) for f in files], rows=[i.rows for i in infos], kind=infos[0].kind, lanes=lanes,
             my_lanes=list(range(rank * accum, (rank + 1) * accum)), micro_batch=micro_batch, seed=seed,
-            chunk_rows=chunk_rows, vocab_size=vocab_size,
+            chunk_rows=chunk_rows, vocab_size=vocab_size, pack_per_row=pack_per_row,
             **{"max_pred": max_pred or infos[0].max_pred or 20, **masking_params(files[0])})
         return cls(spec, num_workers, prefetch)
 

@@ -28,6 +28,10 @@ class PretrainDataConfig:
     prefetch: int = 4
     """Batches each worker prepares ahead."""
 
+    pack_per_row: int = 0
+    """Dynamic-masking shards: pack each micro-batch of sequences on the fly into rows of at most this many
+    sequences (0: off). Stored-mask shards are packed once with `bertforge pack` instead."""
+
     def validate(self) -> None:
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")

@@ -193,7 +193,7 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
     global_rows = rows_per_update(d.input_dir, t.global_batch_size, t.micro_batch_size, info.world_size)
     loader = PretrainLoader.from_dir(d.input_dir, global_rows, t.micro_batch_size, info.rank,
                                      info.world_size, t.seed, d.num_workers, d.prefetch, d.chunk_rows,
-                                     vocab_size=vocab_size)
+                                     vocab_size=vocab_size, pack_per_row=d.pack_per_row)
     accum = loader.accum
     batches = loader.iterate(start_batch=state.batches)
     logger = MetricsLogger(out_dir, info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard,
