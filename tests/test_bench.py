@@ -85,3 +85,15 @@ def test_a_failing_benchmark_is_reported_and_the_rest_still_run(tmp_path):
     assert "TypeError" in bad["error"] and bad["metrics"] == {}
     assert good["metrics"]["slept_s"]["median"] == 0.0
     assert "**failed**" in harness.markdown(report)
+
+
+def test_interleave_runs_rounds_and_pairs_ratios(spec):
+    lines: list[str] = []
+    report = harness.run_spec(harness.load_spec(str(spec)), progress=lines.append, interleave=True)
+    calls = [ln.split()[0] for ln in lines if "[" in ln]
+    assert calls == ["short", "long"] * 3  # round-robin, not all of one then the other
+    r1 = report["ratios"][0]
+    assert r1["paired"]["n"] == 3 and r1["paired"]["min"] > 2.0 and r1["value"] > 2.0
+    assert "(paired " in harness.markdown(report)
+    plain = harness.run_spec(harness.load_spec(str(spec)), progress=lambda s: None)
+    assert "paired" not in plain["ratios"][0]

@@ -1,4 +1,4 @@
-"""`bertforge bench --spec FILE.yml [--only NAME] [--json OUT] [--md OUT]`."""
+"""`bertforge bench --spec FILE.yml [--only NAME] [--json OUT] [--md OUT] [--repeat N] [--interleave]`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ def bench_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write the full report (every sample) as JSON")
     p.add_argument("--md", dest="md_out", default=None, help="write the markdown table to this file")
     p.add_argument("--repeat", type=int, default=None, help="override every benchmark's repeat count")
+    p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
+                   help="run repeats round-robin across the benchmarks (default: the spec's `interleave`)")
 
 
 def bench_run(args: argparse.Namespace) -> int:
@@ -21,7 +23,7 @@ def bench_run(args: argparse.Namespace) -> int:
     if args.repeat is not None:
         for b in spec.benchmarks:
             b.repeat = max(1, args.repeat)
-    report = harness.run_spec(spec, args.only)
+    report = harness.run_spec(spec, args.only, interleave=args.interleave)
     print()
     print(harness.markdown(report))
     harness.write_outputs(report, args.json_out, args.md_out)

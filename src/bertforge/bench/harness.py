@@ -5,6 +5,7 @@ A spec is YAML:
     title: Model training step, ours vs Hugging Face
     repeat: 3                  # default repeats (each benchmark may override)
     warmup: 1                  # untimed calls before the repeats
+    interleave: false          # true: repeats round-robin across the benchmarks (see below)
     benchmarks:
       - name: hf_tiny_fp32
         fn: bertforge.bench.model:train_step      # module:function
@@ -19,6 +20,11 @@ A benchmark callable runs once per repeat and returns a dict of metrics (floats,
 the harness adds `wall_s`, the call's wall time. Each metric is summarised as median / min / max over the
 repeats. A ratio divides the numerator's median by the denominator's median for one metric; `target`, when
 given, is the value the ratio must reach (or, with `lower_is_better: true`, stay under).
+
+On a machine whose speed drifts (a VM sharing memory bandwidth with neighbours), running all repeats of one
+benchmark before the next lets a drift land on one side of a ratio. `interleave: true` (or `--interleave`)
+runs every warm-up first, then round r calls each benchmark once, so both sides of a ratio see the same
+conditions; ratios then also report the median of the per-round ratios (`paired`) and their range.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Spec:
     path: Path
     benchmarks: list[BenchSpec]
     ratios: list[RatioSpec]
+    interleave: bool = False
 
 
 def find_spec(name_or_path: str) -> Path:
@@ -84,7 +91,7 @@ def load_spec(name_or_path: str) -> Spec:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise UserError(f"benchmark spec {path} is not valid YAML: {e}") from None
-    unknown = set(raw) - {"title", "repeat", "warmup", "benchmarks", "ratios", "notes"}
+    unknown = set(raw) - {"title", "repeat", "warmup", "interleave", "benchmarks", "ratios", "notes"}
     if unknown:
         raise UserError(f"benchmark spec {path}: unknown top-level keys {sorted(unknown)}")
     repeat, warmup = int(raw.get("repeat", 3)), int(raw.get("warmup", 1))
@@ -104,7 +111,7 @@ def load_spec(name_or_path: str) -> Spec:
             if side not in names:
                 raise UserError(f"benchmark spec {path}: ratio {ratio.name!r} names unknown benchmark {side!r}")
         ratios.append(ratio)
-    return Spec(raw.get("title", path.stem), path, benches, ratios)
+    return Spec(raw.get("title", path.stem), path, benches, ratios, bool(raw.get("interleave", False)))
 
 
 def resolve_fn(target: str) -> Callable[..., dict[str, float] | None]:
@@ -121,21 +128,50 @@ def summarise(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def run_one(b: BenchSpec, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    fn = resolve_fn(b.fn)
-    for _ in range(b.warmup):
-        fn(**b.params)
-    samples: dict[str, list[float]] = {}
-    for i in range(b.repeat):
+class _Runner:
+    """One benchmark's warm-up and timed calls, with its samples so far."""
+
+    def __init__(self, b: BenchSpec, progress: Callable[[str], None]):
+        self.b, self.progress, self.fn = b, progress, resolve_fn(b.fn)
+        self.samples: dict[str, list[float]] = {}
+        self.done = 0
+
+    def warmup(self) -> None:
+        for _ in range(self.b.warmup):
+            self.fn(**self.b.params)
+
+    def once(self) -> None:
         t0 = time.perf_counter()
-        metrics = fn(**b.params) or {}
+        metrics = self.fn(**self.b.params) or {}
         metrics = {"wall_s": time.perf_counter() - t0, **{k: float(v) for k, v in metrics.items()}}
         for k, v in metrics.items():
-            samples.setdefault(k, []).append(v)
+            self.samples.setdefault(k, []).append(v)
+        self.done += 1
         shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-        progress(f"  {b.name} [{i + 1}/{b.repeat}] {shown}")
-    return {"name": b.name, "fn": b.fn, "params": b.params,
-            "metrics": {k: summarise(v) for k, v in samples.items()}, "samples": samples}
+        self.progress(f"  {self.b.name} [{self.done}/{self.b.repeat}] {shown}")
+
+    def result(self, error: str | None = None) -> dict[str, Any]:
+        out = {"name": self.b.name, "fn": self.b.fn, "params": self.b.params,
+               "metrics": {k: summarise(v) for k, v in self.samples.items()}, "samples": self.samples}
+        return {**out, "error": error} if error else out
+
+
+class SetupCache:
+    """What benchmark callables build once and reuse across calls (models, optimizers, batches), keyed by their
+    parameters. It keeps the `keep` most recently used: with interleaved repeats both sides of a ratio stay
+    set up and warm, while a long spec never holds more than a couple of models (base + AdamW ~1.3 GB)."""
+
+    def __init__(self, keep: int = 2):
+        self.keep, self.items = keep, {}
+
+    def get(self, key: Any, build: Callable[[], Any]) -> Any:
+        if key in self.items:
+            self.items[key] = self.items.pop(key)  # most recently used last
+            return self.items[key]
+        while len(self.items) >= self.keep:
+            del self.items[next(iter(self.items))]
+        self.items[key] = build()
+        return self.items[key]
 
 
 def compute_ratio(r: RatioSpec, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -148,7 +184,14 @@ def compute_ratio(r: RatioSpec, results: dict[str, dict[str, Any]]) -> dict[str,
     met = None
     if r.target is not None:
         met = value <= r.target if r.lower_is_better else value >= r.target
-    return {**dataclasses.asdict(r), "value": value, "met": met}
+    out = {**dataclasses.asdict(r), "value": value, "met": met}
+    if results[r.num].get("interleaved") and results[r.den].get("interleaved"):
+        # round i of the numerator ran next to round i of the denominator: their ratio cancels slow drifts
+        pairs = [a / b for a, b in zip(results[r.num]["samples"][r.metric], results[r.den]["samples"][r.metric])
+                 if b]
+        if pairs:
+            out["paired"] = summarise(pairs)
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -161,20 +204,47 @@ def machine() -> dict[str, Any]:
             "devices": [d["name"] for d in dev.available_devices()]}
 
 
-def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
+def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str], None] = print,
+             interleave: bool | None = None) -> dict[str, Any]:
     selected = [b for b in spec.benchmarks if not only or b.name in only or any(o in b.name for o in only)]
     if only and not selected:
         raise UserError(f"--only {only}: no benchmark of {spec.path} matches; names: "
                         f"{', '.join(b.name for b in spec.benchmarks)}")
-    results: dict[str, dict[str, Any]] = {}
-    for b in selected:
-        progress(f"{b.name}: {b.fn} {b.params}")
+    interleave = spec.interleave if interleave is None else interleave
+    runners = [_Runner(b, progress) for b in selected]
+    errors: dict[str, str] = {}
+
+    def attempt(r: _Runner, call: Callable[[], None]) -> None:
         try:
-            results[b.name] = run_one(b, progress)
+            call()
         except Exception as e:  # one broken entry must not throw away the others' measurements
-            progress(f"  {b.name} FAILED: {type(e).__name__}: {e}")
-            results[b.name] = {"name": b.name, "fn": b.fn, "params": b.params, "metrics": {}, "samples": {},
-                               "error": f"{type(e).__name__}: {e}"}
+            progress(f"  {r.b.name} FAILED: {type(e).__name__}: {e}")
+            errors[r.b.name] = f"{type(e).__name__}: {e}"
+
+    if interleave:
+        for r in runners:
+            progress(f"{r.b.name}: {r.b.fn} {r.b.params} (warm-up)")
+            attempt(r, r.warmup)
+        for i in range(max((b.repeat for b in selected), default=0)):
+            progress(f"round {i + 1}")
+            for r in runners:
+                if r.b.name not in errors and r.done < r.b.repeat:
+                    attempt(r, r.once)
+    else:
+        for r in runners:
+            progress(f"{r.b.name}: {r.b.fn} {r.b.params}")
+
+            def all_repeats(r=r) -> None:
+                r.warmup()
+                for _ in range(r.b.repeat):
+                    r.once()
+
+            attempt(r, all_repeats)
+    results = {}
+    for r in runners:
+        results[r.b.name] = r.result(errors.get(r.b.name))
+        if interleave:
+            results[r.b.name]["interleaved"] = True
     ratios = [compute_ratio(r, results) for r in spec.ratios if r.num in results and r.den in results]
     return {"title": spec.title, "spec": str(spec.path), "date": _dt.datetime.now().isoformat(timespec="seconds"),
             "machine": machine(), "results": list(results.values()), "ratios": ratios}
@@ -199,6 +269,9 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "| ratio | = | metric | value | target | met |", "|---|---|---|---|---|---|"]
         for r in report["ratios"]:
             value = "n/a" if r["value"] is None else f"{r['value']:.2f}×"
+            if r.get("paired"):
+                pr = r["paired"]
+                value += f" (paired {pr['median']:.2f}×, {pr['min']:.2f}–{pr['max']:.2f})"
             target = "" if r["target"] is None else ("≤ " if r["lower_is_better"] else "≥ ") + f"{r['target']}×"
             met = {True: "yes", False: "**no**", None: ""}[r["met"]]
             lines.append(f"| {r['name']} | {r['num']} / {r['den']} | {r['metric']} | {value} | {target} | {met} |")

@@ -13,15 +13,14 @@ sides) x seq/s / the measured matmul peak of `bertforge.device.peak_flops` at th
 from __future__ import annotations
 
 import time
-from typing import Any
-
 import torch
 
 from bertforge import device as dev
+from bertforge.bench.harness import SetupCache
 from bertforge.model import BertConfig, build_model
 from bertforge.model.flops import flops_per_sequence
 
-_CACHE: dict[tuple, Any] = {}
+_CACHE = SetupCache()
 
 
 def _adamw(params) -> torch.optim.Optimizer:
@@ -50,9 +49,11 @@ def _inputs(batch: int, seq: int, masked: int, vocab: int, seed: int = 0) -> dic
 def _setup(impl: str, preset: str, batch: int, seq: int, masked: int, attention: str, compile: bool | str,
            device: torch.device, vocab: int = 30522):
     key = (impl, preset, batch, seq, masked, attention, compile, str(device), vocab)
-    if key in _CACHE:
-        return _CACHE[key]
-    _CACHE.clear()  # one model in memory at a time (base + AdamW is ~1.3 GB)
+    return _CACHE.get(key, lambda: _build(impl, preset, batch, seq, masked, attention, compile, device, vocab))
+
+
+def _build(impl: str, preset: str, batch: int, seq: int, masked: int, attention: str, compile: bool | str,
+           device: torch.device, vocab: int):
     dev.empty_cache(device)
     dev.reset_peak_memory(device)
     config = BertConfig.from_preset(preset, vocab_size=vocab)
@@ -80,8 +81,7 @@ def _setup(impl: str, preset: str, batch: int, seq: int, masked: int, attention:
     # compile: true (inductor default) or a mode name ("reduce-overhead": CUDA graphs)
     runner = torch.compile(model, mode=compile if isinstance(compile, str) else None) if compile else model
     opt = _adamw(model.parameters())
-    _CACHE[key] = (config, runner, opt, step_loss)
-    return _CACHE[key]
+    return config, runner, opt, step_loss
 
 
 def train_step(impl: str = "ours", preset: str = "tiny", precision: str = "fp32", batch: int = 32, seq: int = 128,

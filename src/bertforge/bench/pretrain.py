@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import torch
 
 from bertforge import device as dev
+from bertforge.bench.harness import SetupCache
 
-_CACHE: dict[tuple, Any] = {}
+_CACHE = SetupCache()
 
 
 def _batches(data_dir: str | None, batch: int, seq: int, masked: int, vocab: int, n: int = 2) -> list[dict]:
@@ -63,9 +63,10 @@ def _dense_labels(b: dict[str, torch.Tensor]) -> torch.Tensor:
 def _setup(impl: str, preset: str, precision: str, batch: int, seq: int, masked: int, data_dir: str | None,
            vocab: int, threads: int | None):
     key = (impl, preset, precision, batch, seq, masked, data_dir, vocab, threads)
-    if key in _CACHE:
-        return _CACHE[key]
-    _CACHE.clear()
+    return _CACHE.get(key, lambda: _build(impl, preset, batch, seq, masked, data_dir, vocab))
+
+
+def _build(impl: str, preset: str, batch: int, seq: int, masked: int, data_dir: str | None, vocab: int):
     from bertforge.model import BertConfig, build_model
     from bertforge.optim.lamb import build_optimizer
 
@@ -96,8 +97,7 @@ def _setup(impl: str, preset: str, precision: str, batch: int, seq: int, masked:
     else:
         raise ValueError(f"impl must be ours or hf, not {impl!r}")
     model.train()
-    _CACHE[key] = (device, config, model, opt, inputs, seq, masked if not data_dir else batches[0]["masked_positions"].shape[1])
-    return _CACHE[key]
+    return device, config, model, opt, inputs, seq, masked if not data_dir else batches[0]["masked_positions"].shape[1]
 
 
 def train_step(impl: str = "ours", preset: str = "tiny", precision: str = "fp32", batch: int = 32, seq: int = 128,

@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bertforge.model import attention as attn
 from bertforge.model.config import BertConfig
+from bertforge.model.dropout import Dropout
 from bertforge.model.heads import TASK_HEADS, ModelOutput
 
 # Hugging Face `ACT2FN` names -> functions; "gelu" is the exact erf GELU that BERT was trained with.
@@ -43,7 +44,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size, padding_idx=pos_pad)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids=None, position_ids=None) -> torch.Tensor:
         B, T = input_ids.shape
@@ -71,7 +72,7 @@ class DenseNorm(nn.Module):
         super().__init__()
         self.dense = nn.Linear(d_in, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, x, residual):
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)
@@ -107,7 +108,12 @@ class SelfAttention(nn.Module):
         B, T, _ = qkv.shape
         qkv = qkv.view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, D)
         q, k, v = qkv.unbind(0)
-        fn = attn.eager if self.impl == "eager" else attn.sdpa
+        if self.impl == "eager":
+            fn = attn.eager
+        elif self.impl == "auto" and p > 0 and attn.unfused_usable(q):
+            fn = attn.unfused  # training with attention dropout on CPU: SDPA's math fallback, written out
+        else:
+            fn = attn.sdpa
         return fn(q, k, v, mask, p).transpose(1, 2).reshape(B, T, -1)  # (B, nh, T, D) -> (B, T, H)
 
 

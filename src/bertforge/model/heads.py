@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from bertforge.model.config import BertConfig
+from bertforge.model.dropout import Dropout
 
 
 @dataclass
@@ -187,7 +188,7 @@ class TaskHead:
 
 
 def _dropout(config: BertConfig) -> nn.Module:
-    return nn.Dropout(config.hidden_dropout_prob)
+    return Dropout(config.hidden_dropout_prob)
 
 
 TASK_HEADS: dict[str, TaskHead] = {
