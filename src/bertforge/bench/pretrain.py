@@ -20,6 +20,7 @@ and reports the seconds it took: see docs/BENCHMARKS.md for what was run.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -138,19 +139,24 @@ def train_step(impl: str = "ours", preset: str = "tiny", precision: str = "fp32"
 
 def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "", eval_dir: str = "",
                      target: float = 0.10, batch: int = 32, lr: float | None = None, max_seconds: float = 600,
-                     eval_every: int = 25, eval_batches: int = 10, threads: int | None = None) -> dict[str, float]:
+                     eval_every: int = 25, eval_batches: int = 10, threads: int | None = None,
+                     precision: str = "fp32", horizon: int = 2000, curve: str | None = None) -> dict[str, float]:
     """Train from scratch on `data_dir` until held-out MLM accuracy on `eval_dir` reaches `target`.
 
-    ours: LAMB (lr 5e-3 by default, poly warmup over the first 5% of a 2000-step horizon), masked-only head;
-    hf: BertForPreTraining + AdamW (lr 1e-3 by default, linear warmup over the same steps), plain loop.
-    Evaluation time is excluded. Returns seconds (inf if the limit was reached), steps and final accuracy.
+    ours: LAMB (lr 5e-3 by default, poly warmup over the first 5% of a `horizon`-step schedule), masked-only
+    head; hf: BertForPreTraining + AdamW (lr 1e-3 by default, linear warmup and decay over the same steps),
+    plain loop. Both train and evaluate under the same autocast (`precision`). Evaluation time is excluded.
+    `curve`: a JSON-lines file that gets (train_s, step, acc) after every evaluation. Returns seconds (inf if
+    the limit was reached), steps and final accuracy.
     """
     from bertforge.data.loader import PretrainLoader, eval_batches as eval_iter, read_manifest
     from bertforge.model import BertConfig, build_model
     from bertforge.optim.lamb import build_optimizer
     from bertforge.optim.schedule import lr_at
 
-    horizon = 2000
+    cpu = torch.device("cpu")
+    precision = dev.resolve_precision(precision, cpu)
+    log = open(curve, "a", encoding="utf-8") if curve else None
     with dev.threads(threads):
         torch.manual_seed(0)
         loader = PretrainLoader.from_dir(data_dir, batch, batch, 0, 1, seed=0, num_workers=1)
@@ -179,20 +185,27 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
                 for g in opt.param_groups:
                     g["lr"] = lr_at(step, base_lr, horizon, 0.05, kind)
                 x = next(it)
-                if impl == "ours":
-                    loss = model(**x).loss
-                else:
-                    loss = model(input_ids=x["input_ids"], token_type_ids=x["token_type_ids"],
-                                 attention_mask=(x["attention_mask"] != 0).long(), labels=_dense_labels(x),
-                                 next_sentence_label=x["nsp_labels"]).loss
+                with dev.autocast(cpu, precision):
+                    if impl == "ours":
+                        loss = model(**x).loss
+                    else:
+                        loss = model(input_ids=x["input_ids"], token_type_ids=x["token_type_ids"],
+                                     attention_mask=(x["attention_mask"] != 0).long(), labels=_dense_labels(x),
+                                     next_sentence_label=x["nsp_labels"]).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             train_s += time.perf_counter() - t0
-            acc = _mlm_accuracy(model, impl, evals)
+            with dev.autocast(cpu, precision):
+                acc = _mlm_accuracy(model, impl, evals)
+            if log:
+                log.write(json.dumps({"impl": impl, "train_s": round(train_s, 2), "step": step, "acc": acc}) + "\n")
+                log.flush()
             if acc >= target:
                 break
+    if log:
+        log.close()
     return {"seconds_to_target": train_s if acc >= target else math.inf, "steps": float(step),
             "final_eval_mlm_acc": acc, "train_s": train_s}
 
@@ -227,3 +240,31 @@ def _mlm_accuracy(model, impl: str, evals: list[dict]) -> float:
             n += int(m.sum())
     model.train()
     return ok / max(n, 1)
+
+
+def tta_from_curves(curve: str, baseline: str = "hf", at_seconds: float | None = None) -> dict[str, float]:
+    """Time to accuracy read off the curves `time_to_accuracy(curve=...)` wrote (runs with an unreachable target):
+    the target is the held-out accuracy of the baseline's last evaluation at or before `at_seconds` (default: its
+    last), and each side's time is that of its first evaluation at or above the target (inf if never)."""
+    rows = [json.loads(line) for line in open(curve, encoding="utf-8") if line.strip()]
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["impl"], []).append(r)
+    base = [r for r in by[baseline] if at_seconds is None or r["train_s"] <= at_seconds]
+    target = base[-1]["acc"]
+    out: dict[str, float] = {"target": target}
+    for impl, rs in by.items():
+        hit = next((r for r in rs if r["acc"] >= target), None)
+        out[f"{impl}_seconds"] = hit["train_s"] if hit else math.inf
+        out[f"{impl}_steps"] = hit["step"] if hit else math.inf
+    others = [k for k in by if k != baseline]
+    for impl in others:
+        out[f"{baseline}_over_{impl}"] = out[f"{baseline}_seconds"] / out[f"{impl}_seconds"]
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(tta_from_curves(sys.argv[1], at_seconds=float(sys.argv[2]) if len(sys.argv) > 2 else None),
+                     indent=1))

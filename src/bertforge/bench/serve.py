@@ -1,7 +1,7 @@
 """Serving benchmarks: Triton's own `perf_analyzer` against `bertforge serve`, and a `transformers` pipeline.
 
 `triton(...)` starts `bertforge serve` (a subprocess on loopback ports, an access token of its own), runs
-perf_analyzer once per concurrency and returns throughput and p50/p99 client latency per concurrency, plus
+perf_analyzer once per concurrency (time windows) and returns throughput and p50/p99 client latency per concurrency, plus
 the server's average executed batch (inference count / execution count). `pipeline(...)` is the baseline:
 a plain in-process `transformers` pipeline on the same model directory, one request per call.
 
@@ -154,15 +154,17 @@ class _Server:
                 self.proc.wait()
 
 
-def _perf(server: _Server, data: Path, concurrency: int, requests: int) -> dict[str, float]:
+def _perf(server: _Server, data: Path, concurrency: int, window_ms: int) -> dict[str, float]:
     exe, env = perf_analyzer_path()
     with tempfile.TemporaryDirectory() as d:
         csv = Path(d) / "pa.csv"
         cmd = [exe, "-m", server.name, "-u", f"127.0.0.1:{server.http}", "-i", "http", "--input-data", str(data),
                "--concurrency-range", str(concurrency),
-               # a fixed request count, no stability search: on a shared, loaded machine the windows never
-               # agree within perf_analyzer's tolerance and it would abort
-               "--request-count", str(max(requests, 4 * concurrency)),
+               # time windows: throughput = requests completed / window length, not a count rounded to whole
+               # seconds. Three windows, reported as they are: on a shared, loaded machine consecutive windows
+               # rarely agree within perf_analyzer's default 10% and its stability search would abort.
+               "--measurement-mode", "time_windows", "--measurement-interval", str(window_ms),
+               "--stability-percentage", "1000", "--max-trials", "3",
                # statistics is a restricted endpoint: perf_analyzer reads it with the server's token
                "-H", f"triton-access-token:{server.token}", "-f", str(csv)]
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -181,12 +183,13 @@ def _perf(server: _Server, data: Path, concurrency: int, requests: int) -> dict[
 
 
 def triton(task: str = "classify", seq_len: int = 128, dynamic: bool = True, concurrency: list[int] = (1, 2, 4, 8),
-           max_batch: int = 16, max_queue_delay_us: int = 2000, requests: int = 64,
-           threads: int | None = None) -> dict[str, float]:
-    """perf_analyzer against `bertforge serve` for each concurrency; one request = one row of seq_len tokens."""
+           max_batch: int = 16, max_queue_delay_us: int = 2000, window_ms: int = 4000,
+           threads: int | None = None, precision: str = "fp32") -> dict[str, float]:
+    """perf_analyzer against `bertforge serve` for each concurrency (three `window_ms` measurement windows
+    each); one request = one row of seq_len tokens."""
     model_dir = _model_dir(task)
     rows = make_inputs(task, seq_len)
-    args = ["--max-seq-len", str(seq_len), "--max-batch", str(max_batch),
+    args = ["--max-seq-len", str(seq_len), "--max-batch", str(max_batch), "--precision", precision,
             "--max-queue-delay-us", str(max_queue_delay_us), "--dynamic-batching" if dynamic else "--no-dynamic-batching"]
     if threads:
         args += ["--threads", str(threads)]
@@ -197,34 +200,60 @@ def triton(task: str = "classify", seq_len: int = 128, dynamic: bool = True, con
         try:
             metrics: dict[str, float] = {}
             for c in concurrency:
-                metrics.update(_perf(server, data, int(c), requests))
+                metrics.update(_perf(server, data, int(c), window_ms))
         finally:
             server.stop()
     return metrics
 
 
-def pipeline(task: str = "classify", seq_len: int = 128, requests: int = 24, threads: int | None = None
-             ) -> dict[str, float]:
-    """A plain `transformers` pipeline in-process on the same directory: one request per call (concurrency 1)."""
+def pipeline(task: str = "classify", seq_len: int = 128, requests: int = 24, threads: int | None = None,
+             precision: str = "fp32") -> dict[str, float]:
+    """The in-process `transformers` baseline on the same directory, one request per call (concurrency 1).
+
+    classify and fill-mask: a `transformers.pipeline`. qa: transformers 5 has no question-answering pipeline,
+    so it is the plain loop such a pipeline ran: tokenize (question, context) truncated to seq_len,
+    `AutoModelForQuestionAnswering`, the best start <= end span in the context, its text by offsets.
+    """
     import numpy as np
     import torch
     import transformers
+
+    from bertforge import device as dev
 
     if threads:
         torch.set_num_threads(threads)
     model_dir = str(_model_dir(task))
     rows = make_inputs(task, seq_len)
-    kind = {"qa": "question-answering", "classify": "text-classification", "fill-mask": "fill-mask"}[task]
-    pipe = transformers.pipeline(kind, model=model_dir, tokenizer=model_dir, device="cpu")
-    call = ((lambda r: pipe(question=r["question"], context=r["context"], max_seq_len=seq_len))
-            if task == "qa" else (lambda r: pipe(r["text"], truncation=True, max_length=seq_len)))
-    call(rows[0])  # warm-up
-    lat = []
-    t0 = time.perf_counter()
-    for i in range(requests):
-        t = time.perf_counter()
-        call(rows[i % len(rows)])
-        lat.append(time.perf_counter() - t)
-    wall = time.perf_counter() - t0
+    if task == "qa":
+        tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+        model = transformers.AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
+
+        def call(r):
+            enc = tok(r["question"], r["context"], truncation="only_second", max_length=seq_len,
+                      return_offsets_mapping=True, return_tensors="pt")
+            offsets, ctx = enc.pop("offset_mapping")[0], torch.tensor([i == 1 for i in enc.sequence_ids(0)])
+            out = model(**enc)
+            s, e = out.start_logits[0].float(), out.end_logits[0].float()  # (T,)
+            s, e = s.masked_fill(~ctx, -1e9), e.masked_fill(~ctx, -1e9)
+            scores = (s[:, None] + e[None, :]).triu()  # (T, T): start <= end
+            i, j = divmod(int(scores.argmax()), scores.shape[1])
+            return r["context"][int(offsets[i][0]): int(offsets[j][1])]
+    else:
+        kind = {"classify": "text-classification", "fill-mask": "fill-mask"}[task]
+        pipe = transformers.pipeline(kind, model=model_dir, tokenizer=model_dir, device="cpu")
+
+        def call(r):
+            return pipe(r["text"], truncation=True, max_length=seq_len)
+
+    cpu = torch.device("cpu")
+    with torch.inference_mode(), dev.autocast(cpu, dev.resolve_precision(precision, cpu)):
+        call(rows[0])  # warm-up
+        lat = []
+        t0 = time.perf_counter()
+        for i in range(requests):
+            t = time.perf_counter()
+            call(rows[i % len(rows)])
+            lat.append(time.perf_counter() - t)
+        wall = time.perf_counter() - t0
     return {"c1_infer_per_s": requests / wall, "c1_p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "c1_p99_ms": float(np.percentile(lat, 99)) * 1e3}

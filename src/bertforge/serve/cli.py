@@ -78,6 +78,9 @@ def serve_add(p: argparse.ArgumentParser) -> None:
                         "clients as the triton-access-token header; default $BERTFORGE_ACCESS_TOKEN or a random "
                         "one, printed at start")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16", "fp16"),
+                   help="model arithmetic: fp32, or bf16/fp16 autocast (outputs stay fp32); auto = bf16 where "
+                        "the device has it natively")
     p.add_argument("--log-verbose", type=int, default=0, help="Triton log verbosity")
 
 
@@ -104,7 +107,7 @@ def serve_run(args: argparse.Namespace) -> int:
                              instances=args.instances, access_token=token, log_verbose=args.log_verbose)
     limits = Limits(max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
                     max_request_bytes=args.max_request_bytes, top_k=args.top_k)
-    predictors = [(t, Predictor.from_dir(t, m, limits)) for m, t in zip(args.model, args.task)]
+    predictors = [(t, Predictor.from_dir(t, m, limits, args.precision)) for m, t in zip(args.model, args.task)]
     triton = server.start(predictors, cfg)
     # SIGTERM stops Triton as Ctrl-C does (no orphaned tritonserver)
     signal.signal(signal.SIGTERM, _interrupt)
