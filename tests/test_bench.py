@@ -114,3 +114,7 @@ def test_time_to_accuracy_read_off_curves(tmp_path):
     curve.write_text(json.dumps({"impl": "hf", "train_s": 1, "step": 1, "acc": 0.5}) + "\n"
                      + json.dumps({"impl": "ours", "train_s": 1, "step": 1, "acc": 0.1}) + "\n")
     assert tta_from_curves(str(curve))["ours_seconds"] == float("inf")
+    from bertforge.bench.pretrain import plot_curves
+
+    png = plot_curves(str(curve), str(tmp_path / "c.png"), 0.5)
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 import torch
@@ -263,8 +264,41 @@ def tta_from_curves(curve: str, baseline: str = "hf", at_seconds: float | None =
     return out
 
 
-if __name__ == "__main__":
-    import sys
+def plot_curves(curve: str, png: str, target: float | None = None) -> str:
+    """Held-out MLM accuracy against training seconds for each side of a curve file, as a PNG (atomic)."""
+    import matplotlib
 
-    print(json.dumps(tta_from_curves(sys.argv[1], at_seconds=float(sys.argv[2]) if len(sys.argv) > 2 else None),
-                     indent=1))
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in open(curve, encoding="utf-8") if line.strip()]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        pts = [(r["train_s"], r["acc"]) for r in rows if r["impl"] == impl]
+        ax.plot(*zip(*pts), marker=".", label=impl)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", label=f"target {target:.4f}")
+    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_ylabel("held-out MLM accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = png + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, png)
+    return png
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="time to accuracy from time_to_accuracy's curve file")
+    ap.add_argument("curve", help="JSON-lines curve file (time_to_accuracy curve=...)")
+    ap.add_argument("--at-seconds", type=float, default=None, help="the baseline's accuracy at this time is the target")
+    ap.add_argument("--png", default=None, help="also plot both curves and the target to this PNG")
+    a = ap.parse_args()
+    res = tta_from_curves(a.curve, at_seconds=a.at_seconds)
+    if a.png:
+        plot_curves(a.curve, a.png, res["target"])
+    print(json.dumps(res, indent=1))
