@@ -75,7 +75,7 @@ def test_edge_cases_follow_f_dropout():
     assert m.eval()(x) is x
 
 
-def test_traces_without_graph_breaks_and_uses_torch_dropout_when_compiled():
+def test_traces_without_graph_breaks():
     torch._dynamo.reset()
     explain = torch._dynamo.explain(lambda t: dropout(t, 0.1) * 2)(torch.randn(8, 8))
     assert explain.graph_break_count == 0, explain.break_reasons

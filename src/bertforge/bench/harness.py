@@ -135,6 +135,7 @@ class _Runner:
         self.b, self.progress, self.fn = b, progress, resolve_fn(b.fn)
         self.samples: dict[str, list[float]] = {}
         self.done = 0
+        self.error: str | None = None
 
     def warmup(self) -> None:
         for _ in range(self.b.warmup):
@@ -150,10 +151,10 @@ class _Runner:
         shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         self.progress(f"  {self.b.name} [{self.done}/{self.b.repeat}] {shown}")
 
-    def result(self, error: str | None = None) -> dict[str, Any]:
+    def result(self) -> dict[str, Any]:
         out = {"name": self.b.name, "fn": self.b.fn, "params": self.b.params,
                "metrics": {k: summarise(v) for k, v in self.samples.items()}, "samples": self.samples}
-        return {**out, "error": error} if error else out
+        return {**out, "error": self.error} if self.error else out
 
 
 class SetupCache:
@@ -212,14 +213,13 @@ def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str]
                         f"{', '.join(b.name for b in spec.benchmarks)}")
     interleave = spec.interleave if interleave is None else interleave
     runners = [_Runner(b, progress) for b in selected]
-    errors: dict[str, str] = {}
 
     def attempt(r: _Runner, call: Callable[[], None]) -> None:
         try:
             call()
         except Exception as e:  # one broken entry must not throw away the others' measurements
             progress(f"  {r.b.name} FAILED: {type(e).__name__}: {e}")
-            errors[r.b.name] = f"{type(e).__name__}: {e}"
+            r.error = f"{type(e).__name__}: {e}"
 
     if interleave:
         for r in runners:
@@ -228,7 +228,7 @@ def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str]
         for i in range(max((b.repeat for b in selected), default=0)):
             progress(f"round {i + 1}")
             for r in runners:
-                if r.b.name not in errors and r.done < r.b.repeat:
+                if r.error is None and r.done < r.b.repeat:
                     attempt(r, r.once)
     else:
         for r in runners:
@@ -242,7 +242,7 @@ def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str]
             attempt(r, all_repeats)
     results = {}
     for r in runners:
-        results[r.b.name] = r.result(errors.get(r.b.name))
+        results[r.b.name] = r.result()
         if interleave:
             results[r.b.name]["interleaved"] = True
     ratios = [compute_ratio(r, results) for r in spec.ratios if r.num in results and r.den in results]

@@ -13,6 +13,7 @@ sides) x seq/s / the measured matmul peak of `bertforge.device.peak_flops` at th
 from __future__ import annotations
 
 import time
+
 import torch
 
 from bertforge import device as dev

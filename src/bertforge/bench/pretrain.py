@@ -157,7 +157,6 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
 
     cpu = torch.device("cpu")
     precision = dev.resolve_precision(precision, cpu)
-    log = open(curve, "a", encoding="utf-8") if curve else None
     with dev.threads(threads):
         torch.manual_seed(0)
         loader = PretrainLoader.from_dir(data_dir, batch, batch, 0, 1, seed=0, num_workers=1)
@@ -200,13 +199,11 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
             train_s += time.perf_counter() - t0
             with dev.autocast(cpu, precision):
                 acc = _mlm_accuracy(model, impl, evals)
-            if log:
-                log.write(json.dumps({"impl": impl, "train_s": round(train_s, 2), "step": step, "acc": acc}) + "\n")
-                log.flush()
+            if curve:
+                with open(curve, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"impl": impl, "train_s": round(train_s, 2), "step": step, "acc": acc}) + "\n")
             if acc >= target:
                 break
-    if log:
-        log.close()
     return {"seconds_to_target": train_s if acc >= target else math.inf, "steps": float(step),
             "final_eval_mlm_acc": acc, "train_s": train_s}
 
@@ -247,10 +244,15 @@ def tta_from_curves(curve: str, baseline: str = "hf", at_seconds: float | None =
     """Time to accuracy read off the curves `time_to_accuracy(curve=...)` wrote (runs with an unreachable target):
     the target is the held-out accuracy of the baseline's last evaluation at or before `at_seconds` (default: its
     last), and each side's time is that of its first evaluation at or above the target (inf if never)."""
-    rows = [json.loads(line) for line in open(curve, encoding="utf-8") if line.strip()]
+    from bertforge.train.metrics import read_jsonl
+
     by: dict[str, list[dict]] = {}
-    for r in rows:
+    for r in read_jsonl(curve):
         by.setdefault(r["impl"], []).append(r)
+    if baseline not in by:
+        from bertforge.errors import UserError
+
+        raise UserError(f"{curve}: no evaluations of {baseline!r}; run benchmarks/pretrain_tta.yml to write it")
     base = [r for r in by[baseline] if at_seconds is None or r["train_s"] <= at_seconds]
     target = base[-1]["acc"]
     out: dict[str, float] = {"target": target}
@@ -271,7 +273,9 @@ def plot_curves(curve: str, png: str, target: float | None = None) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in open(curve, encoding="utf-8") if line.strip()]
+    from bertforge.train.metrics import read_jsonl
+
+    rows = read_jsonl(curve)
     fig, ax = plt.subplots(figsize=(7, 4))
     for impl in dict.fromkeys(r["impl"] for r in rows):
         pts = [(r["train_s"], r["acc"]) for r in rows if r["impl"] == impl]

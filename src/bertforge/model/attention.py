@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bertforge.model.dropout import dropout, fast_dropout_usable
+from bertforge.model.dropout import dropout
 
 ATTENTION_IMPLS = ("auto", "sdpa", "varlen", "eager")
 
@@ -117,11 +117,6 @@ def eager(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     probs = F.dropout(probs, p=dropout_p, training=dropout_p > 0)
     return probs @ v  # (B, nh, T, D)
-
-
-def unfused_usable(q: torch.Tensor) -> bool:
-    """Where `auto` trains with `unfused` instead of SDPA: wherever the cheaper dropout mask is used."""
-    return fast_dropout_usable(q)
 
 
 def unfused(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from bertforge.model import attention as attn
 from bertforge.model.config import BertConfig
-from bertforge.model.dropout import Dropout
+from bertforge.model.dropout import Dropout, fast_dropout_usable
 from bertforge.model.heads import TASK_HEADS, ModelOutput
 
 # Hugging Face `ACT2FN` names -> functions; "gelu" is the exact erf GELU that BERT was trained with.
@@ -110,7 +110,7 @@ class SelfAttention(nn.Module):
         q, k, v = qkv.unbind(0)
         if self.impl == "eager":
             fn = attn.eager
-        elif self.impl == "auto" and p > 0 and attn.unfused_usable(q):
+        elif self.impl == "auto" and p > 0 and fast_dropout_usable(q):
             fn = attn.unfused  # training with attention dropout on CPU: SDPA's math fallback, written out
         else:
             fn = attn.sdpa

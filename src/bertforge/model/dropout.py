@@ -17,6 +17,8 @@ The fast path runs in eager mode on CPU only: CUDA's dropout is already one fuse
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -32,9 +34,7 @@ def fast_dropout_usable(x: torch.Tensor) -> bool:
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu"
               ) -> tuple[torch.Tensor, float]:
     """(bool mask of `shape`, True = keep; the scale 1/q) drawn from torch's default generator."""
-    n = 1
-    for s in shape:
-        n *= s
+    n = math.prod(shape)
     # random_(from=-2**63, to=None) fills all 64 bits; each int64 is four uniform int16s
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
     u = bits.view(torch.int16)[:n].view(shape)  # uniform over -32768..32767
