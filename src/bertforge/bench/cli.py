@@ -1,4 +1,4 @@
-"""`bertforge bench --spec FILE.yml [--only NAME] [--json OUT] [--md OUT] [--repeat N] [--interleave]`."""
+"""`bertforge bench --spec FILE.yml [--only NAME] [--json OUT] [--md OUT] [--repeat N] [--interleave | --concurrent]`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ def bench_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=None, help="override every benchmark's repeat count")
     p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
                    help="run repeats round-robin across the benchmarks (default: the spec's `interleave`)")
+    p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=None,
+                   help="run every benchmark at once, each in its own process (default: the spec's `concurrent`)")
 
 
 def bench_run(args: argparse.Namespace) -> int:
@@ -23,7 +25,7 @@ def bench_run(args: argparse.Namespace) -> int:
     if args.repeat is not None:
         for b in spec.benchmarks:
             b.repeat = max(1, args.repeat)
-    report = harness.run_spec(spec, args.only, interleave=args.interleave)
+    report = harness.run_spec(spec, args.only, interleave=args.interleave, concurrent=args.concurrent)
     print()
     print(harness.markdown(report))
     harness.write_outputs(report, args.json_out, args.md_out)

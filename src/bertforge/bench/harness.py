@@ -25,6 +25,11 @@ On a machine whose speed drifts (a VM sharing memory bandwidth with neighbours),
 benchmark before the next lets a drift land on one side of a ratio. `interleave: true` (or `--interleave`)
 runs every warm-up first, then round r calls each benchmark once, so both sides of a ratio see the same
 conditions; ratios then also report the median of the per-round ratios (`paired`) and their range.
+
+`concurrent: true` (or `--concurrent`) runs every benchmark at the same time, each in a fresh process of its own
+(give each a `threads` parameter so they share the cores fairly). It is for long one-shot runs — a fine-tuning
+run per side — where the baseline cannot use a second core anyway: both sides see the same machine over the
+same hours, and the whole spec takes as long as its slowest entry instead of the sum.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ class Spec:
     benchmarks: list[BenchSpec]
     ratios: list[RatioSpec]
     interleave: bool = False
+    concurrent: bool = False
 
 
 def find_spec(name_or_path: str) -> Path:
@@ -91,7 +97,8 @@ def load_spec(name_or_path: str) -> Spec:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise UserError(f"benchmark spec {path} is not valid YAML: {e}") from None
-    unknown = set(raw) - {"title", "repeat", "warmup", "interleave", "benchmarks", "ratios", "notes"}
+    unknown = set(raw) - {"title", "repeat", "warmup", "interleave", "concurrent", "benchmarks", "ratios",
+                      "notes"}
     if unknown:
         raise UserError(f"benchmark spec {path}: unknown top-level keys {sorted(unknown)}")
     repeat, warmup = int(raw.get("repeat", 3)), int(raw.get("warmup", 1))
@@ -111,7 +118,8 @@ def load_spec(name_or_path: str) -> Spec:
             if side not in names:
                 raise UserError(f"benchmark spec {path}: ratio {ratio.name!r} names unknown benchmark {side!r}")
         ratios.append(ratio)
-    return Spec(raw.get("title", path.stem), path, benches, ratios, bool(raw.get("interleave", False)))
+    return Spec(raw.get("title", path.stem), path, benches, ratios, bool(raw.get("interleave", False)),
+                bool(raw.get("concurrent", False)))
 
 
 def resolve_fn(target: str) -> Callable[..., dict[str, float] | None]:
@@ -150,6 +158,18 @@ class _Runner:
         self.done += 1
         shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
         self.progress(f"  {self.b.name} [{self.done}/{self.b.repeat}] {shown}")
+
+    def all_repeats(self) -> None:
+        self.warmup()
+        for _ in range(self.b.repeat):
+            self.once()
+
+    def attempt(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as e:  # one broken entry must not throw away the others' measurements
+            self.progress(f"  {self.b.name} FAILED: {type(e).__name__}: {e}")
+            self.error = f"{type(e).__name__}: {e}"
 
     def result(self) -> dict[str, Any]:
         out = {"name": self.b.name, "fn": self.b.fn, "params": self.b.params,
@@ -206,48 +226,60 @@ def machine() -> dict[str, Any]:
 
 
 def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str], None] = print,
-             interleave: bool | None = None) -> dict[str, Any]:
+             interleave: bool | None = None, concurrent: bool | None = None) -> dict[str, Any]:
     selected = [b for b in spec.benchmarks if not only or b.name in only or any(o in b.name for o in only)]
     if only and not selected:
         raise UserError(f"--only {only}: no benchmark of {spec.path} matches; names: "
                         f"{', '.join(b.name for b in spec.benchmarks)}")
     interleave = spec.interleave if interleave is None else interleave
+    concurrent = spec.concurrent if concurrent is None else concurrent
     runners = [_Runner(b, progress) for b in selected]
 
-    def attempt(r: _Runner, call: Callable[[], None]) -> None:
-        try:
-            call()
-        except Exception as e:  # one broken entry must not throw away the others' measurements
-            progress(f"  {r.b.name} FAILED: {type(e).__name__}: {e}")
-            r.error = f"{type(e).__name__}: {e}"
+    if interleave and concurrent:
+        raise UserError("a spec runs either interleaved or concurrent, not both")
+    if concurrent:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
 
-    if interleave:
+        for r in runners:
+            progress(f"{r.b.name}: {r.b.fn} {r.b.params} (own process, concurrent)")
+        with ProcessPoolExecutor(len(runners), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_run_alone, r.b) for r in runners]
+            for r, fut in zip(runners, futures):
+                try:
+                    r.samples, r.done, r.error = fut.result()
+                except Exception as e:  # the process itself died (killed, out of memory)
+                    r.error = f"{type(e).__name__}: {e}"
+    elif interleave:
         for r in runners:
             progress(f"{r.b.name}: {r.b.fn} {r.b.params} (warm-up)")
-            attempt(r, r.warmup)
+            r.attempt(r.warmup)
         for i in range(max((b.repeat for b in selected), default=0)):
             progress(f"round {i + 1}")
             for r in runners:
                 if r.error is None and r.done < r.b.repeat:
-                    attempt(r, r.once)
+                    r.attempt(r.once)
     else:
         for r in runners:
             progress(f"{r.b.name}: {r.b.fn} {r.b.params}")
-
-            def all_repeats(r=r) -> None:
-                r.warmup()
-                for _ in range(r.b.repeat):
-                    r.once()
-
-            attempt(r, all_repeats)
+            r.attempt(r.all_repeats)
     results = {}
     for r in runners:
         results[r.b.name] = r.result()
         if interleave:
             results[r.b.name]["interleaved"] = True
+        if concurrent:
+            results[r.b.name]["concurrent"] = True
     ratios = [compute_ratio(r, results) for r in spec.ratios if r.num in results and r.den in results]
     return {"title": spec.title, "spec": str(spec.path), "date": _dt.datetime.now().isoformat(timespec="seconds"),
             "machine": machine(), "results": list(results.values()), "ratios": ratios}
+
+
+def _run_alone(b: BenchSpec) -> tuple[dict[str, list[float]], int, str | None]:
+    """A concurrent spec's entry, in its own process: warm-up and repeats; progress goes to this process's stdout."""
+    r = _Runner(b, lambda line: print(line, flush=True))
+    r.attempt(r.all_repeats)
+    return r.samples, r.done, r.error
 
 
 def _fmt(v: float) -> str:
@@ -258,7 +290,9 @@ def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [f"### {report['title']}", "",
              f"{report['date']} · {m['cpu']} · {m['threads']} threads · torch {m['torch']} · bertforge {m['bertforge']}"
-             f" · devices: {', '.join(m['devices'])}", "",
+             f" · devices: {', '.join(m['devices'])}"
+             + (" · concurrent: every benchmark in its own process, at once"
+                if any(r.get("concurrent") for r in report["results"]) else ""), "",
              "| benchmark | metric | median | min | max | n |", "|---|---|---|---|---|---|"]
     for res in report["results"]:
         if res.get("error"):

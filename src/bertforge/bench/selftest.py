@@ -18,5 +18,7 @@ def matmul(n: int = 512, dtype: str = "fp32", iters: int = 5) -> dict[str, float
 
 
 def sleep(seconds: float = 0.01) -> dict[str, float]:
+    """Sleeps; the wall-clock start and end (epoch seconds) show which calls overlapped."""
+    start = time.time()
     time.sleep(seconds)
-    return {"slept_s": seconds}
+    return {"slept_s": seconds, "started_at": start, "ended_at": time.time()}
