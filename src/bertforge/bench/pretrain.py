@@ -29,6 +29,7 @@ import torch
 
 from bertforge import device as dev
 from bertforge.bench.harness import SetupCache
+from bertforge.errors import UserError
 
 _CACHE = SetupCache()
 
@@ -250,8 +251,6 @@ def tta_from_curves(curve: str, baseline: str = "hf", at_seconds: float | None =
     for r in read_jsonl(curve):
         by.setdefault(r["impl"], []).append(r)
     if baseline not in by:
-        from bertforge.errors import UserError
-
         raise UserError(f"{curve}: no evaluations of {baseline!r}; run benchmarks/pretrain_tta.yml to write it")
     base = [r for r in by[baseline] if at_seconds is None or r["train_s"] <= at_seconds]
     target = base[-1]["acc"]
