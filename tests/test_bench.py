@@ -120,6 +120,18 @@ def test_concurrent_runs_each_benchmark_in_its_own_process_at_once(tmp_path):
         harness.run_spec(spec, progress=lambda s: None, interleave=True)
 
 
+
+def test_a_concurrent_benchmark_whose_process_is_killed_fails_alone(tmp_path):
+    """One entry's process killed (as by the OOM killer) fails that entry only; the other's result still arrives."""
+    p = tmp_path / "spec.yml"
+    p.write_text("repeat: 1\nwarmup: 0\nconcurrent: true\nbenchmarks:\n"
+                 "  - {name: killed, fn: 'bertforge.bench.selftest:die', params: {}}\n"
+                 "  - {name: ok, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 2.0}}\n")
+    killed, ok = harness.run_spec(harness.load_spec(str(p)), progress=lambda s: None)["results"]
+    assert "killed by signal 9" in killed["error"] and "out-of-memory" in killed["error"]
+    assert killed["metrics"] == {}
+    assert ok.get("error") is None and ok["metrics"]["slept_s"]["median"] == 2.0
+
 def test_time_to_accuracy_read_off_curves(tmp_path):
     from bertforge.bench.pretrain import tta_from_curves
 

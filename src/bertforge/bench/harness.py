@@ -238,18 +238,9 @@ def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str]
     if interleave and concurrent:
         raise UserError("a spec runs either interleaved or concurrent, not both")
     if concurrent:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
         for r in runners:
             progress(f"{r.b.name}: {r.b.fn} {r.b.params} (own process, concurrent)")
-        with ProcessPoolExecutor(len(runners), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_run_alone, r.b) for r in runners]
-            for r, fut in zip(runners, futures):
-                try:
-                    r.samples, r.done, r.error = fut.result()
-                except Exception as e:  # the process itself died (killed, out of memory)
-                    r.error = f"{type(e).__name__}: {e}"
+        _run_concurrent(runners)
     elif interleave:
         for r in runners:
             progress(f"{r.b.name}: {r.b.fn} {r.b.params} (warm-up)")
@@ -275,11 +266,45 @@ def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str]
             "machine": machine(), "results": list(results.values()), "ratios": ratios}
 
 
-def _run_alone(b: BenchSpec) -> tuple[dict[str, list[float]], int, str | None]:
-    """A concurrent spec's entry, in its own process: warm-up and repeats; progress goes to this process's stdout."""
+def _run_concurrent(runners: list[_Runner]) -> None:
+    """Each runner's benchmark in a spawned process of its own, all at once. A process per entry, not a pool: a
+    finished entry's process exits and gives its memory back while the others still run (a pool keeps its idle
+    workers, gigabytes each after a fine-tuning run), and one process dying (killed, out of memory) fails only its
+    own entry (a broken pool fails every pending one)."""
+    import multiprocessing
+    import multiprocessing.connection
+
+    ctx = multiprocessing.get_context("spawn")
+    pending = {}
+    for r in runners:
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_run_alone, args=(r.b, send), name=f"bench-{r.b.name}")
+        p.start()
+        send.close()  # the child holds the only write end now: its death reads as EOF here
+        pending[recv] = (r, p)
+    while pending:  # read whichever finishes first, so no child waits on a full pipe before it can exit
+        for recv in multiprocessing.connection.wait(list(pending)):
+            r, p = pending.pop(recv)
+            try:
+                r.samples, r.done, r.error = recv.recv()
+            except EOFError:  # died without sending
+                p.join()
+                code = p.exitcode
+                why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+                hint = " (signal 9: often the out-of-memory killer; see dmesg)" if code == -9 else ""
+                r.error = f"the benchmark's process died: {why}{hint}"
+            finally:
+                recv.close()
+            p.join()
+
+
+def _run_alone(b: BenchSpec, send) -> None:
+    """A concurrent spec's entry, in its own process: warm-up and repeats, sent back through `send`; progress goes to
+    this process's stdout."""
     r = _Runner(b, lambda line: print(line, flush=True))
     r.attempt(r.all_repeats)
-    return r.samples, r.done, r.error
+    send.send((r.samples, r.done, r.error))
+    send.close()
 
 
 def _fmt(v: float) -> str:

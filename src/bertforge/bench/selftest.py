@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import torch
@@ -22,3 +24,10 @@ def sleep(seconds: float = 0.01) -> dict[str, float]:
     start = time.time()
     time.sleep(seconds)
     return {"slept_s": seconds, "started_at": start, "ended_at": time.time()}
+
+
+def die(signal_number: int = signal.SIGKILL) -> dict[str, float]:
+    """Kills its own process, as the out-of-memory killer would: a concurrent spec must report it and go on."""
+    os.kill(os.getpid(), signal_number)
+    time.sleep(60)  # never reached for a deadly signal
+    return {}
