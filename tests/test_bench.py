@@ -120,7 +120,6 @@ def test_concurrent_runs_each_benchmark_in_its_own_process_at_once(tmp_path):
         harness.run_spec(spec, progress=lambda s: None, interleave=True)
 
 
-
 def test_a_concurrent_benchmark_whose_process_is_killed_fails_alone(tmp_path):
     """One entry's process killed (as by the OOM killer) fails that entry only; the other's result still arrives."""
     p = tmp_path / "spec.yml"
@@ -131,6 +130,7 @@ def test_a_concurrent_benchmark_whose_process_is_killed_fails_alone(tmp_path):
     assert "killed by signal 9" in killed["error"] and "out-of-memory" in killed["error"]
     assert killed["metrics"] == {}
     assert ok.get("error") is None and ok["metrics"]["slept_s"]["median"] == 2.0
+
 
 def test_time_to_accuracy_read_off_curves(tmp_path):
     from bertforge.bench.pretrain import tta_from_curves

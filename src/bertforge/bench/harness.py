@@ -285,17 +285,19 @@ def _run_concurrent(runners: list[_Runner]) -> None:
     while pending:  # read whichever finishes first, so no child waits on a full pipe before it can exit
         for recv in multiprocessing.connection.wait(list(pending)):
             r, p = pending.pop(recv)
-            try:
-                r.samples, r.done, r.error = recv.recv()
-            except EOFError:  # died without sending
-                p.join()
+            with recv:
+                try:
+                    result = recv.recv()
+                except EOFError:  # died without sending
+                    result = None
+            p.join()
+            if result is None:
                 code = p.exitcode
-                why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+                why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
                 hint = " (signal 9: often the out-of-memory killer; see dmesg)" if code == -9 else ""
                 r.error = f"the benchmark's process died: {why}{hint}"
-            finally:
-                recv.close()
-            p.join()
+            else:
+                r.samples, r.done, r.error = result
 
 
 def _run_alone(b: BenchSpec, send) -> None:
