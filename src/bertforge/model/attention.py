@@ -120,12 +120,18 @@ def eager(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:
 
 
 def unfused(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """SDPA's math path with `model.dropout` on the probabilities; in the input dtype (bf16 under autocast:
-    the CPU softmax kernel accumulates in fp32). Shapes as `sdpa`."""
-    scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, T)
-    scores = scores.masked_fill_(~mask, float("-inf"))  # every row keeps a real key (see block_mask)
-    probs = dropout(torch.softmax(scores, dim=-1), dropout_p, dropout_p > 0)
-    return probs @ v  # (B, nh, T, D)
+    """SDPA's CPU math path written out, with `model.dropout` on the probabilities. Like that path it computes
+    16-bit inputs in fp32 and returns the input dtype: scores in bf16 carry ~0.4% error into exp(), which
+    doubled this kernel's output error and its q/k gradient error against SDPA's (and cost fine-tuning F1).
+    Autocast is switched off inside: under it, matmuls of fp32 tensors would run in bf16 again. Shapes as
+    `sdpa`."""
+    dtype = q.dtype
+    with torch.autocast(q.device.type, enabled=False):
+        q, k, v = q.float(), k.float(), v.float()
+        scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, T) fp32
+        scores = scores.masked_fill_(~mask, float("-inf"))  # every row keeps a real key (see block_mask)
+        probs = dropout(torch.softmax(scores, dim=-1), dropout_p, dropout_p > 0)
+        return (probs @ v).to(dtype)  # (B, nh, T, D)
 
 
 def varlen(q, k, v, meta: VarlenMeta, dropout_p: float) -> torch.Tensor:
