@@ -105,10 +105,10 @@ def test_unfused_attention_equals_the_reference_with_the_same_mask():
     torch.testing.assert_close(attn.unfused(q, k, v, mask, 0.0), attn.eager(q, k, v, mask, 0.0), atol=1e-6, rtol=1e-5)
 
 
-def test_unfused_attention_under_bf16_autocast_computes_in_fp32_like_sdpa():
-    """Like SDPA's CPU math path, `unfused` computes bf16 inputs in fp32 (in bf16 throughout, its output and
-    gradient errors were 0.63% / 0.67% here, against SDPA's 0.18% / 0.35%). Run under autocast, which would
-    otherwise cast its fp32 matmuls back down to bf16."""
+def test_unfused_attention_under_bf16_autocast_is_as_accurate_as_sdpa():
+    """Against fp64 on the same bf16 inputs, SDPA's CPU math path errs 0.18% (output) / 0.35% (gradients)
+    here; `unfused` with fp32 scores and softmax 0.23% / 0.29%, and in bf16 throughout it erred 0.63% / 0.67%.
+    Run under autocast, which would otherwise cast the fp32 matmul back down to bf16."""
     B, H, T, D = 4, 4, 128, 64
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, T, D).mul(1.5).bfloat16().requires_grad_() for _ in range(3))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bertforge.model.dropout import dropout
+from bertforge.model.dropout import keep_mask
 
 ATTENTION_IMPLS = ("auto", "sdpa", "varlen", "eager")
 
@@ -120,18 +120,26 @@ def eager(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:
 
 
 def unfused(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """SDPA's CPU math path written out, with `model.dropout` on the probabilities. Like that path it computes
-    16-bit inputs in fp32 and returns the input dtype: scores in bf16 carry ~0.4% error into exp(), which
-    doubled this kernel's output error and its q/k gradient error against SDPA's (and cost fine-tuning F1).
-    Autocast is switched off inside: under it, matmuls of fp32 tensors would run in bf16 again. Shapes as
-    `sdpa`."""
+    """SDPA's CPU math path written out, with the cheaper dropout mask of `model.dropout`. Shapes as `sdpa`.
+
+    Precision: SDPA's math path computes 16-bit inputs in fp32. Here the scores and softmax are fp32 (scores
+    rounded to bf16 carry ~0.4% error into exp(): that doubled the output and q/k gradient error against
+    SDPA's and cost fine-tuning F1); the probabilities then go back to the input dtype for dropout and the
+    product with V, whose rounding averages out over the keys. Output and gradient errors stay within SDPA's
+    (tests/model/test_dropout.py) at a third of full fp32's extra cost. Autocast is off inside: under it the
+    fp32 matmul would be cast back down to bf16.
+    """
     dtype = q.dtype
     with torch.autocast(q.device.type, enabled=False):
-        q, k, v = q.float(), k.float(), v.float()
-        scores = (q @ k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, T) fp32
-        scores = scores.masked_fill_(~mask, float("-inf"))  # every row keeps a real key (see block_mask)
-        probs = dropout(torch.softmax(scores, dim=-1), dropout_p, dropout_p > 0)
-        return (probs @ v).to(dtype)  # (B, nh, T, D)
+        q32 = q.float() * (1.0 / math.sqrt(q.shape[-1]))  # the scale on (B, nh, T, D), not on the scores
+        scores = (q32 @ k.float().transpose(-1, -2)).masked_fill_(~mask, float("-inf"))  # (B, nh, T, T) fp32
+        probs = torch.softmax(scores, dim=-1).to(dtype)  # every row keeps a real key (see block_mask)
+        if dropout_p == 0.0:
+            return probs @ v
+        # dropout as `model.dropout` (same mask, same draws) with its 1/q scale moved to the (B, nh, T, D)
+        # output: one pass over the (T, T) probabilities instead of two
+        keep, scale = keep_mask(probs.shape, dropout_p, probs.device)
+        return (torch.where(keep, probs, 0.0) @ v).mul_(scale)  # (B, nh, T, D)
 
 
 def varlen(q, k, v, meta: VarlenMeta, dropout_p: float) -> torch.Tensor:
