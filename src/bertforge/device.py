@@ -9,9 +9,12 @@ measured matmul peak that every MFU we report divides by (`matmul_peak`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +163,29 @@ def synchronize(device: torch.device) -> None:
 def empty_cache(device: torch.device) -> None:
     if device.type in ("cuda", "xpu", "mps"):
         getattr(torch, device.type).empty_cache()
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's `malloc_trim`, or None (another C library, another OS)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_host_memory() -> bool:
+    """Hand the heap pages glibc holds free back to the OS; True if it did (glibc only).
+
+    Why: training on batches padded to their own longest row allocates tensors of a new size every step, and
+    glibc keeps the freed chunks between live ones instead of returning them. Fine-tuning SQuAD on CPU grew to
+    11.3 GB resident in 48 minutes that way; one `malloc_trim` brought it back to 4.1 GB. The loop calls this
+    every few updates; a call takes milliseconds.
+    """
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
 
 
 def max_memory_allocated(device: torch.device) -> int:

@@ -317,6 +317,7 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
             for k, v in score(out).items():
                 metrics[k if len(task.evals) == 1 else f"{name}/{k}"] = v
         metrics["eval_s"] = time.perf_counter() - t0
+        dev.release_host_memory()
         metrics["main"] = next(v for k, v in metrics.items() if k.split("/")[-1] == task.main_metric)
         say(f"epoch {epoch:g} | " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
                                                if isinstance(v, float) and k != "main"))
@@ -371,6 +372,8 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
                 scaler.step(opt)
                 scaler.update()
                 opt.zero_grad(set_to_none=True)
+                if step % 10 == 0:  # batches of every length fragment the host heap (see release_host_memory)
+                    dev.release_host_memory()
                 seqs += len(rows)
                 if step % cfg.log_every == 0 or step == total_steps:
                     loss_all = float(D.all_reduce_sum(loss_sum))
