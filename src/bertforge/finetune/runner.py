@@ -111,10 +111,11 @@ def encode_squad(features: squad.SquadFeatures) -> Encoded:
                    {"start_positions": features.start_positions, "end_positions": features.end_positions})
 
 
-def collate(data: Encoded, rows: Sequence[int], pad_id: int, device: torch.device, targets: bool = True
-            ) -> dict[str, torch.Tensor]:
-    """A batch padded to its own longest row: input_ids/token_type_ids/attention_mask (B, T_batch)."""
-    T = max(len(data.input_ids[r]) for r in rows)
+def collate(data: Encoded, rows: Sequence[int], pad_id: int, device: torch.device, targets: bool = True,
+            pad_to: int = 0) -> dict[str, torch.Tensor]:
+    """A batch padded to its own longest row, or to `pad_to` if longer: input_ids/token_type_ids/attention_mask
+    (B, T_batch)."""
+    T = max(pad_to, *(len(data.input_ids[r]) for r in rows))
     ids = np.full((len(rows), T), pad_id, dtype=np.int64)
     types = np.zeros((len(rows), T), dtype=np.int64)
     mask = np.zeros((len(rows), T), dtype=np.int64)
@@ -358,7 +359,8 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
                 micro = [mine[i:i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
                 loss_sum = torch.zeros((), device=device)
                 for mi, mrows in enumerate(micro):
-                    batch = collate(task.train, mrows, pad_id, device)
+                    batch = collate(task.train, mrows, pad_id, device,
+                                    pad_to=cfg.max_seq_len if cfg.pad_to_max_length else 0)
                     with D.maybe_no_sync(ddp, accumulating=mi < len(micro) - 1):
                         with dev.autocast(device, precision):
                             loss = ddp(**batch).loss
