@@ -303,8 +303,13 @@ def test_pad_to_max_length_gives_the_reference_squad_loss(tiny_model, tmp_path, 
 
     # the run pads every training batch to max_seq_len with the option, and only then (evaluation never does)
     seen = []
-    monkeypatch.setattr(runner, "collate", lambda *a, **k: (k.get("targets", True) and seen.append(k.get("pad_to", 0)))
-                        or collate(*a, **k))
+
+    def spy(*a, **k):
+        if k.get("targets", True):  # a training batch
+            seen.append(k.get("pad_to", 0))
+        return collate(*a, **k)
+
+    monkeypatch.setattr(runner, "collate", spy)
     sq = _squad(tmp_path)
     for pad in (True, False):
         seen.clear()

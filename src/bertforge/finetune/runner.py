@@ -342,6 +342,7 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
         scaler = dev.grad_scaler(device, precision)
         ddp = D.wrap_ddp(model, device, info)
         rng = np.random.default_rng(cfg.seed)  # same order on every rank: each takes its slice of each batch
+        pad_to = cfg.max_seq_len if cfg.pad_to_max_length else 0
         step, epoch = 0, 0
         while step < total_steps:
             epoch += 1
@@ -359,8 +360,7 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
                 micro = [mine[i:i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
                 loss_sum = torch.zeros((), device=device)
                 for mi, mrows in enumerate(micro):
-                    batch = collate(task.train, mrows, pad_id, device,
-                                    pad_to=cfg.max_seq_len if cfg.pad_to_max_length else 0)
+                    batch = collate(task.train, mrows, pad_id, device, pad_to=pad_to)
                     with D.maybe_no_sync(ddp, accumulating=mi < len(micro) - 1):
                         with dev.autocast(device, precision):
                             loss = ddp(**batch).loss
