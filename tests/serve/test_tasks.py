@@ -120,6 +120,36 @@ def test_limits_and_model_dir_errors(head_models, tmp_path):
         Predictor.from_dir("qa", head_models["classify"])
 
 
+def test_warmup_runs_one_full_batch_through_the_request_path(preds):
+    for task, p in preds.items():
+        shapes, forward = [], p._forward
+
+        def spy(rows, types, **kw):
+            shapes.append((len(rows), max(map(len, rows))))  # (model rows, longest row)
+            return forward(rows, types, **kw)
+
+        p._forward = spy
+        try:
+            p.warmup(rows=3)
+        finally:
+            del p._forward  # back to the class's method
+        n = p.limits.max_seq_len
+        if task == "fill-mask":  # under the limit (longer text is refused), one [MASK] per row
+            assert len(shapes) == 1 and shapes[0][0] == 3 and shapes[0][1] <= n
+        else:  # classify is cut to max_seq_len; a QA context spans several full windows per row
+            assert len(shapes) == 1 and shapes[0][1] == n and shapes[0][0] >= 3 * (2 if task == "qa" else 1), task
+
+
+def test_device_is_chosen_when_loading(head_models):
+    p = Predictor.from_dir("classify", head_models["classify"], device="cpu")
+    assert p.device.type == "cpu" and next(p.model.parameters()).device.type == "cpu"
+    with pytest.raises(UserError, match="unknown device"):
+        Predictor.from_dir("classify", head_models["classify"], device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="no cuda device"):
+            Predictor.from_dir("classify", head_models["classify"], device="cuda")
+
+
 def test_serve_cli_argument_errors(head_models, capsys):
     from bertforge.cli import main
 

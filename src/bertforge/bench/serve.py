@@ -184,13 +184,14 @@ def _perf(server: _Server, data: Path, concurrency: int, window_ms: int) -> dict
 
 def triton(task: str = "classify", seq_len: int = 128, dynamic: bool = True, concurrency: list[int] = (1, 2, 4, 8),
            max_batch: int = 16, max_queue_delay_us: int = 2000, window_ms: int = 4000,
-           threads: int | None = None, precision: str = "fp32") -> dict[str, float]:
-    """perf_analyzer against `bertforge serve` for each concurrency (three `window_ms` measurement windows
-    each); one request = one row of seq_len tokens."""
+           threads: int | None = None, precision: str = "fp32", device: str = "cpu") -> dict[str, float]:
+    """perf_analyzer against `bertforge serve --device DEVICE` for each concurrency (three `window_ms`
+    measurement windows each); one request = one row of seq_len tokens."""
     model_dir = _model_dir(task)
     rows = make_inputs(task, seq_len)
     args = ["--max-seq-len", str(seq_len), "--max-batch", str(max_batch), "--precision", precision,
-            "--max-queue-delay-us", str(max_queue_delay_us), "--dynamic-batching" if dynamic else "--no-dynamic-batching"]
+            "--max-queue-delay-us", str(max_queue_delay_us), "--dynamic-batching" if dynamic else "--no-dynamic-batching",
+            "--device", device]
     if threads:
         args += ["--threads", str(threads)]
     with tempfile.TemporaryDirectory() as d:
@@ -207,7 +208,7 @@ def triton(task: str = "classify", seq_len: int = 128, dynamic: bool = True, con
 
 
 def pipeline(task: str = "classify", seq_len: int = 128, requests: int = 24, threads: int | None = None,
-             precision: str = "fp32") -> dict[str, float]:
+             precision: str = "fp32", device: str = "cpu") -> dict[str, float]:
     """The in-process `transformers` baseline on the same directory, one request per call (concurrency 1).
 
     classify and fill-mask: a `transformers.pipeline`. qa: transformers 5 has no question-answering pipeline,
@@ -224,29 +225,29 @@ def pipeline(task: str = "classify", seq_len: int = 128, requests: int = 24, thr
         torch.set_num_threads(threads)
     model_dir = str(_model_dir(task))
     rows = make_inputs(task, seq_len)
+    where = dev.resolve_device(device)
     if task == "qa":
         tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-        model = transformers.AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
+        model = transformers.AutoModelForQuestionAnswering.from_pretrained(model_dir).eval().to(where)
 
         def call(r):
             enc = tok(r["question"], r["context"], truncation="only_second", max_length=seq_len,
                       return_offsets_mapping=True, return_tensors="pt")
             offsets, ctx = enc.pop("offset_mapping")[0], torch.tensor([i == 1 for i in enc.sequence_ids(0)])
-            out = model(**enc)
-            s, e = out.start_logits[0].float(), out.end_logits[0].float()  # (T,)
+            out = model(**enc.to(where))
+            s, e = out.start_logits[0].float().cpu(), out.end_logits[0].float().cpu()  # (T,)
             s, e = s.masked_fill(~ctx, -1e9), e.masked_fill(~ctx, -1e9)
             scores = (s[:, None] + e[None, :]).triu()  # (T, T): start <= end
             i, j = divmod(int(scores.argmax()), scores.shape[1])
             return r["context"][int(offsets[i][0]): int(offsets[j][1])]
     else:
         kind = {"classify": "text-classification", "fill-mask": "fill-mask"}[task]
-        pipe = transformers.pipeline(kind, model=model_dir, tokenizer=model_dir, device="cpu")
+        pipe = transformers.pipeline(kind, model=model_dir, tokenizer=model_dir, device=where)
 
         def call(r):
             return pipe(r["text"], truncation=True, max_length=seq_len)
 
-    cpu = torch.device("cpu")
-    with torch.inference_mode(), dev.autocast(cpu, dev.resolve_precision(precision, cpu)):
+    with torch.inference_mode(), dev.autocast(where, dev.resolve_precision(precision, where)):
         call(rows[0])  # warm-up
         lat = []
         t0 = time.perf_counter()

@@ -78,9 +78,14 @@ def serve_add(p: argparse.ArgumentParser) -> None:
                         "clients as the triton-access-token header; default $BERTFORGE_ACCESS_TOKEN or a random "
                         "one, printed at start")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--device", default="auto",
+                   help="where the model runs: auto (a GPU when there is one, else the CPU), cpu, cuda[:N], ...")
     p.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16", "fp16"),
                    help="model arithmetic: fp32, or bf16/fp16 autocast (outputs stay fp32); auto = bf16 where "
                         "the device has it natively")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="run one batch of --max-batch rows of --max-seq-len tokens before reporting ready, so the "
+                        "first request does not pay for the device's lazy start (seconds on a GPU)")
     p.add_argument("--log-verbose", type=int, default=0, help="Triton log verbosity")
 
 
@@ -107,7 +112,11 @@ def serve_run(args: argparse.Namespace) -> int:
                              instances=args.instances, access_token=token, log_verbose=args.log_verbose)
     limits = Limits(max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
                     max_request_bytes=args.max_request_bytes, top_k=args.top_k)
-    predictors = [(t, Predictor.from_dir(t, m, limits, args.precision)) for m, t in zip(args.model, args.task)]
+    predictors = [(t, Predictor.from_dir(t, m, limits, args.precision, args.device))
+                  for m, t in zip(args.model, args.task)]
+    if args.warmup:
+        for _, p in predictors:
+            p.warmup(rows=cfg.max_batch)
     triton = server.start(predictors, cfg)
     # SIGTERM stops Triton as Ctrl-C does (no orphaned tritonserver)
     signal.signal(signal.SIGTERM, _interrupt)
