@@ -249,8 +249,10 @@ class Predictor:
         n = self.limits.max_seq_len
         if self.task == "fill-mask":  # longer text is refused, so stay under the limit whatever the tokenizer does
             req = {"text": [" ".join(["word"] * (n // 4)) + f" {self.mask_token}"] * rows}
-        elif self.task == "qa":  # a context of more than one window: windowing and postprocessing run too
-            req = {"question": ["which word?"] * rows, "context": [" ".join(["word"] * n)] * rows}
+        elif self.task == "qa":  # one full window per row: [CLS] question [SEP] context [SEP]
+            q = "which word?"
+            fill = n - 3 - len(self.tok.encode(q, add_special_tokens=False).ids)
+            req = {"question": [q] * rows, "context": [" ".join(["word"] * fill)] * rows}
         else:
             req = {"text": [" ".join(["word"] * n)] * rows}  # cut to max_seq_len
         self.predict(self.encode(req))
