@@ -10,7 +10,8 @@ Baseline choices, so the comparison is what a user of each would get:
   `stride` = 128 (in Hugging Face's meaning: the overlap) as `run_qa.py`.
 - bertforge: `run_finetune` with its presets: dynamic padding (each batch padded to its own longest row),
   evaluation after every epoch, the best checkpoint saved.
-- Precision: the same on both sides (`precision`: fp32, or bf16 autocast — Trainer's `bf16=True`).
+- Precision and device: the same on both sides (`precision`: fp32, or bf16 autocast — Trainer's `bf16=True`;
+  the Trainer runs on the device ours resolves from the config's `device`).
 - Quality is the final epoch's dev metric for both (not the best epoch's, which would be selected on dev).
 - SQuAD predictions of both go through the same n-best postprocessing and official metric
   (`bertforge.finetune.squad` / `metrics`), so only the model, training and inference differ.
