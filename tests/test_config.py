@@ -21,10 +21,24 @@ def test_presets_exist_for_every_kind():
 
 
 def test_override_sets_typed_values():
-    cfg = C.load_config("pretrain", "demo_tiny_128", ["train.max_steps=7", "optim.lr=1e-3", "model.compile=true"])
+    cfg = C.load_config("pretrain", "demo_tiny_128", ["train.max_steps=7", "optim.lr=1e-3", "train.compile=true"])
     assert cfg.train.max_steps == 7 and isinstance(cfg.train.max_steps, int)
     assert cfg.optim.lr == pytest.approx(1e-3)
-    assert cfg.model.compile is True
+    assert cfg.train.compile is True
+
+
+def test_moved_keys_keep_working_and_name_the_new_key(tmp_path, capsys):
+    """Runtime choices left the model section: old files and --set names still load, with a rename notice."""
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  preset: tiny\n  attention: eager\ntrain:\n  max_steps: 3\n")
+    cfg = C.load_config("pretrain", old, ["model.compile=true"])
+    assert cfg.train.attention == "eager" and cfg.train.compile is True
+    err = capsys.readouterr().err
+    assert "model.attention is now train.attention" in err and "--set train.compile" in err
+    both = tmp_path / "both.yaml"
+    both.write_text("model:\n  attention: eager\ntrain:\n  attention: sdpa\n")
+    with pytest.raises(ConfigError, match="keep train.attention"):
+        C.load_config("pretrain", both)
 
 
 def test_unknown_override_key_suggests():

@@ -16,6 +16,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import sys
 import textwrap
 import types
 import typing
@@ -41,7 +42,8 @@ PRESET_DIR = Path(__file__).parent / "configs"
 # ----------------------------------------------------------------------------------------------- sections
 @dataclasses.dataclass
 class ModelConfig:
-    """The model to build or load; the architecture comes from a preset in `bertforge.model.config`."""
+    """The model's architecture and where its weights come from (runtime choices such as the attention kernel,
+    compile and activation checkpointing are in the `train` section)."""
 
     preset: str = "tiny"
     """Size preset: tiny, mini, small, medium, base or large (see MODEL_PRESETS)."""
@@ -51,16 +53,10 @@ class ModelConfig:
     """Vocabulary size; None takes the size of the data's vocab (or 30522)."""
     max_position_embeddings: int = 512
     """Number of learned position embeddings (the longest sequence the model accepts)."""
-    hidden_dropout: float = 0.1
-    """Dropout on embeddings and sub-layer outputs."""
-    attention_dropout: float = 0.1
-    """Dropout on attention probabilities."""
-    attention: str = "auto"
-    """Attention kernel: auto (varlen where available, else sdpa), sdpa, varlen or eager (the reference)."""
-    activation_checkpointing: bool = False
-    """Recompute each encoder layer in the backward pass to save activation memory."""
-    compile: bool = False
-    """Wrap the model in torch.compile."""
+    hidden_dropout: float | None = 0.1
+    """Dropout on embeddings and sub-layer outputs (None: the checkpoint's own rate, when loading one)."""
+    attention_dropout: float | None = 0.1
+    """Dropout on attention probabilities (None: the checkpoint's own rate, when loading one)."""
 
     def validate(self) -> None:
         from bertforge.model.config import MODEL_PRESETS
@@ -70,13 +66,105 @@ class ModelConfig:
                 f"model.preset: unknown preset {self.preset!r}{_did_you_mean(self.preset, MODEL_PRESETS)}; "
                 f"choose one of {', '.join(MODEL_PRESETS)}"
             )
-        if self.attention not in ("auto", "sdpa", "varlen", "eager"):
-            raise ConfigError(f"model.attention must be auto, sdpa, varlen or eager, not {self.attention!r}")
         for name in ("hidden_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+            rate = getattr(self, name)
+            if rate is not None and not 0.0 <= rate < 1.0:
+                raise ConfigError(f"model.{name} must be in [0, 1), got {rate}")
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"model.vocab_size must be at least 8, got {self.vocab_size}")
+
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+ATTENTION_KERNELS = ("auto", "sdpa", "varlen", "eager")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """The run, shared by pre-training and fine-tuning: batch arithmetic, precision, device, the runtime choices
+    applied to the model from outside (kernel, compile, activation checkpointing), logging, checkpoints."""
+
+    output_dir: str = "runs/pretrain"
+    """Where checkpoints, metrics.jsonl, summary.json and plots go."""
+    max_steps: int = 1000
+    """Optimizer updates (the schedule's horizon)."""
+    global_batch_size: int = 256
+    """Sequences per optimizer update, over all ranks and accumulation steps."""
+    micro_batch_size: int = 32
+    """Sequences per forward/backward on one device; accumulation = global / (micro x world size)."""
+    precision: str = "auto"
+    """auto, fp32, bf16 or fp16 (fp16 uses dynamic loss scaling)."""
+    device: str = "auto"
+    """auto, cpu, cuda[:N], xpu, hpu or mps."""
+    seed: int = 12345
+    """Seed of initialisation, dropout and data order."""
+    log_every: int = 10
+    """Log metrics every N optimizer steps."""
+    eval_every: int = 200
+    """Evaluate every N optimizer steps (and at the end)."""
+    attention: str = "auto"
+    """Attention kernel: auto (varlen where available, else sdpa), sdpa, varlen or eager (the reference)."""
+    compile: bool = False
+    """Compile the training step's forward and backward with torch.compile."""
+    activation_checkpointing: bool = False
+    """Recompute each encoder layer in the backward pass to save activation memory."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to output_dir/tensorboard."""
+    plot: bool = True
+    """Draw PNG curves (loss, accuracy) in output_dir at the end."""
+    max_nonfinite_steps: int = 20
+    """Stop after this many non-finite steps in a row."""
+
+    def validate(self) -> None:
+        for name in ("global_batch_size", "micro_batch_size", "log_every", "eval_every", "max_nonfinite_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps < 0:
+            raise ConfigError(f"train.max_steps must be >= 0, got {self.max_steps}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision must be {', '.join(PRECISIONS)}, not {self.precision!r}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"train.attention must be {', '.join(ATTENTION_KERNELS)}, not {self.attention!r}")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ConfigError(
+                f"train.global_batch_size {self.global_batch_size} is not a multiple of train.micro_batch_size "
+                f"{self.micro_batch_size}; change one of them"
+            )
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (NVIDIA's pre-training recipe by default)."""
+
+    name: str = "lamb"
+    """lamb (NVLAMB semantics) or adamw."""
+    lr: float = 6e-3
+    """Peak learning rate."""
+    warmup: float = 0.2843
+    """Fraction of the steps spent warming up."""
+    schedule: str = "poly"
+    """poly (NVIDIA PolyWarmUp, degree 0.5) or linear (Google/HF: linear warmup, linear decay)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (0 for bias and LayerNorm parameters)."""
+    beta1: float = 0.9
+    """First-moment decay."""
+    beta2: float = 0.999
+    """Second-moment decay."""
+    eps: float = 1e-6
+    """Denominator epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0: no clipping)."""
+
+    def validate(self) -> None:
+        if self.name not in ("lamb", "adamw"):
+            raise ConfigError(f"optim.name must be lamb or adamw, not {self.name!r}")
+        if self.schedule not in ("poly", "linear"):
+            raise ConfigError(f"optim.schedule must be poly or linear, not {self.schedule!r}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ConfigError(f"optim.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+        if self.max_grad_norm < 0:
+            raise ConfigError(f"optim.max_grad_norm must be >= 0, got {self.max_grad_norm}")
 
 
 # ------------------------------------------------------------------------------------------- machinery
@@ -87,7 +175,14 @@ def _did_you_mean(name: str, choices: Sequence[str] | Mapping[str, Any]) -> str:
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each field of a dataclass (read from its source)."""
+    """The docstring written under each field of a dataclass (read from its source, base classes first)."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__[:-1]):
+        docs.update(_own_field_docs(base))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):
@@ -248,14 +343,47 @@ def validate_tree(obj: Any) -> None:
         obj.validate()
 
 
-def build_config(cls: type, data: Mapping[str, Any] | None = None, overrides: Sequence[str] = ()) -> Any:
+def renamed_keys(cls: type) -> dict[str, str]:
+    """A config class's table of old dotted keys -> new ones (`RENAMED`), for configs written before a move."""
+    return dict(getattr(cls, "RENAMED", {}))
+
+
+def _move_renamed(data: dict[str, Any], cls: type, where: str) -> None:
+    """Move every old key of `data` to its new place, saying so once per key (old files keep working)."""
+    for old, new in renamed_keys(cls).items():
+        *path, leaf = old.split(".")
+        node: Any = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or leaf not in node:
+            continue
+        value = node.pop(leaf)
+        *new_path, new_leaf = new.split(".")
+        target = data
+        for part in new_path:
+            target = target.setdefault(part, {})
+        if new_leaf in target:
+            raise ConfigError(f"{where}: both {old} (old name) and {new} are set; keep {new}")
+        target[new_leaf] = value
+        print(f"bertforge: config key {old} is now {new}{f' ({where})' if where else ''}; please rename it",
+              file=sys.stderr)
+
+
+def build_config(cls: type, data: Mapping[str, Any] | None = None, overrides: Sequence[str] = (),
+                 where: str = "") -> Any:
     """Build and validate a config of class `cls` from a raw mapping plus `key=value` overrides."""
     data = _deep_copy(data or {})
+    _move_renamed(data, cls, where)
+    moved = renamed_keys(cls)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
-        _set_path(data, cls, key.strip(), raw)
+        key = key.strip()
+        if key in moved:
+            print(f"bertforge: --set {key} is now --set {moved[key]}; please use the new name", file=sys.stderr)
+            key = moved[key]
+        _set_path(data, cls, key, raw)
     cfg = _build(cls, data)
     validate_tree(cfg)
     return cfg
@@ -274,7 +402,7 @@ def load_config(kind: str, name_or_path: str | Path | None = None, overrides: Se
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
     try:
-        return build_config(cls, data, overrides)
+        return build_config(cls, data, overrides, where=str(name_or_path or ""))
     except ConfigError as e:
         where = f" (in {name_or_path})" if name_or_path is not None else ""
         raise ConfigError(f"{e}{where}") from None

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import write_text
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "mps")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -295,9 +296,7 @@ def matmul_peak(device: torch.device, refresh: bool = False, seconds: float = 1.
     cache[key] = peak.__dict__
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(cache, indent=1))
-        tmp.replace(path)
+        write_text(path, json.dumps(cache, indent=1))
     return peak
 
 

@@ -54,7 +54,7 @@ def test_crash_between_write_and_rename(tmp_path):
     latest = ckpt.latest_checkpoint(tmp_path)
     assert latest.step == 5 and latest.load_state()["cursor"] == 5
     _save(tmp_path, 15)  # the next save clears the stale temporary directory
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert not list(tmp_path.glob(".*.tmp-*"))
 
 
 def test_sigkill_during_write(tmp_path):
@@ -78,7 +78,7 @@ def test_sigkill_during_write(tmp_path):
     latest = ckpt.latest_checkpoint(tmp_path)
     assert latest.step == 5
     assert torch.equal(latest.load_state()["w"], torch.full((3,), 5.0))
-    assert list(tmp_path.glob(".tmp-step_*"))  # the half-written one is only a hidden temp dir
+    assert list(tmp_path.glob(".step_*.tmp-*"))  # the half-written one is only a hidden temp dir
 
 
 def test_truncated_state_is_a_user_error(tmp_path):

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertforge.train import checkpoint as ckpt
-from bertforge.train.distributed import env_info
+from bertforge.runtime.distributed import env_info
 
 
 def _free_port() -> int:

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import yaml
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import write_text
 
 SPEC_DIRS = [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[3] / "benchmarks"]
 
@@ -344,6 +345,4 @@ def write_outputs(report: dict[str, Any], json_out: str | None, md_out: str | No
         if path:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(p)
+            write_text(p, text)

@@ -29,6 +29,7 @@ import torch
 
 from bertforge import device as dev
 from bertforge.bench.harness import SetupCache
+from bertforge.runtime.metrics import save_figure
 from bertforge.errors import UserError
 
 _CACHE = SetupCache()
@@ -245,7 +246,7 @@ def tta_from_curves(curve: str, baseline: str = "hf", at_seconds: float | None =
     """Time to accuracy read off the curves `time_to_accuracy(curve=...)` wrote (runs with an unreachable target):
     the target is the held-out accuracy of the baseline's last evaluation at or before `at_seconds` (default: its
     last), and each side's time is that of its first evaluation at or above the target (inf if never)."""
-    from bertforge.train.metrics import read_jsonl
+    from bertforge.runtime.metrics import read_jsonl
 
     by: dict[str, list[dict]] = {}
     for r in read_jsonl(curve):
@@ -272,7 +273,7 @@ def plot_curves(curve: str, png: str, target: float | None = None) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bertforge.train.metrics import read_jsonl
+    from bertforge.runtime.metrics import read_jsonl
 
     rows = read_jsonl(curve)
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -286,10 +287,7 @@ def plot_curves(curve: str, png: str, target: float | None = None) -> str:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = png + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, png)
+    save_figure(fig, png)
     return png
 
 

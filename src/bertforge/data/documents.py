@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Iterator
 
 from bertforge.data import sources
 from bertforge.errors import UserError
+from bertforge.runtime.io import commit, temp_name, write_text
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\ufeff\ufffd]")
 _SPACES = re.compile(r"[ \t\u00a0\u2000-\u200a\u202f\u205f\u3000]+")
@@ -102,7 +103,7 @@ def write_documents(
             log(f"data docs: {out} is up to date ({old.get('documents')} documents); delete it to rebuild")
             return old
     names = [f"docs_{i}.txt" for i in range(num_shards)]
-    tmps = [out / f".{n}.tmp{os.getpid()}" for n in names]
+    tmps = [temp_name(out / n) for n in names]
     handles = [open(t, "w", encoding="utf-8") for t in tmps]
     fn = functools.partial(_clean_wiki, drop_prefixes=drop_prefixes) if wikitext else _clean_plain
     n_workers = max(1, min(workers or (os.cpu_count() or 1), 32))
@@ -139,7 +140,7 @@ def write_documents(
                 f"({counts['raw_documents']} read): it is empty or too short"
             )
         for t, n in zip(tmps, names):
-            os.replace(t, out / n)
+            commit(t, out / n)
     finally:
         if pool is not None:
             pool.terminate()
@@ -149,9 +150,7 @@ def write_documents(
             t.unlink(missing_ok=True)
     wall = time.perf_counter() - t0
     manifest = dict(counts, settings=settings, files=names, seconds=round(wall, 2))
-    tmp = manifest_path.with_name(f".manifest.json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, manifest_path)
+    write_text(manifest_path, json.dumps(manifest, indent=2) + "\n")
     log(f"data docs: {counts['documents']} documents, {counts['sentences']} sentences, "
         f"{counts['chars'] / 1e6:.1f} M chars -> {out} in {wall:.1f}s "
         f"({counts['raw_documents'] / max(wall, 1e-9):,.0f} docs/s)")

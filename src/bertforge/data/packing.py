@@ -71,6 +71,7 @@ import h5py
 import numpy as np
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import write_text
 
 METADATA = "packing.json"
 """Name of the metadata file beside the packed shards (the pretrain loader reads it)."""
@@ -717,9 +718,7 @@ def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str
         "input_dir": str(Path(cfg.input_dir).resolve()), "input_shards": [p.name for p in files],
         "shards": names, "plan_id": plan_id,
     }
-    tmp = meta_path.with_name(f".{METADATA}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, meta_path)
+    write_text(meta_path, json.dumps(meta, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     log(f"pack: done in {time.perf_counter() - t0:.1f}s; {meta_path}")
     return meta

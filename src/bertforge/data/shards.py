@@ -35,6 +35,7 @@ import h5py
 import numpy as np
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import commit, temp_name, write_text
 
 # dataset -> (dtype, number of dims); the NVIDIA schema, DESIGN §3.2
 NVIDIA_SCHEMA: dict[str, tuple[type, int]] = {
@@ -69,7 +70,8 @@ def list_shards(directory: str | os.PathLike) -> list[Path]:
         return [d]
     if not d.is_dir():
         raise UserError(f"shard directory {d} does not exist; create shards with `bertforge data shards`")
-    return sorted((p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file()), key=_natural_key)
+    return sorted((p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file() and not p.name.startswith(".")),
+                  key=_natural_key)
 
 
 def write_shard(
@@ -85,7 +87,7 @@ def write_shard(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temp_name(path)
     try:
         with h5py.File(tmp, "w", track_order=True) as f:
             for name, arr in arrays.items():
@@ -105,7 +107,7 @@ def write_shard(
                 )
             for k, v in (attrs or {}).items():
                 f.attrs[k] = v
-        os.replace(tmp, path)
+        commit(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -190,11 +192,7 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def write_manifest(directory: str | os.PathLike, manifest: Mapping[str, Any]) -> Path:
     """Write `manifest.json` in `directory` atomically."""
-    path = Path(directory) / MANIFEST
-    tmp = path.with_name(f".{MANIFEST}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text(Path(directory) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
@@ -226,7 +224,7 @@ class ShardWriter:
     ):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        self.tmp = temp_name(self.path)
         self.f = h5py.File(self.tmp, "w", track_order=True)
         for name, (shape, dtype) in layout.items():
             empty = 0 in shape
@@ -248,7 +246,7 @@ class ShardWriter:
 
     def close(self) -> Path:
         self.f.close()
-        os.replace(self.tmp, self.path)
+        commit(self.tmp, self.path)
         return self.path
 
     def abort(self) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import write_text
 
 BERT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 # RoBERTa-style BPE tokenizers name the same roles differently
@@ -140,12 +141,6 @@ def vocab_hash(path: str | os.PathLike) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> Path:
     """Write vocab.txt (tokens in id order) and tokenizer.json into `out_dir`, atomically; returns the dir."""
     out = Path(out_dir)
@@ -154,8 +149,8 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> Path:
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise UserError(f"tokenizer ids are not contiguous 0..{len(by_id) - 1}; cannot write {out / 'vocab.txt'}")
-    _atomic_write_text(out / "vocab.txt", "".join(t + "\n" for t, _ in by_id))
-    _atomic_write_text(out / "tokenizer.json", tok.to_str(pretty=True))
+    write_text(out / "vocab.txt", "".join(t + "\n" for t, _ in by_id))
+    write_text(out / "tokenizer.json", tok.to_str(pretty=True))
     return out
 
 

@@ -27,6 +27,7 @@ import torch
 
 from bertforge import device as dev
 from bertforge.errors import UserError
+from bertforge.runtime.io import write_text
 from bertforge.finetune import glue, squad
 from bertforge.finetune.config import FinetuneConfig
 from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
@@ -264,9 +265,7 @@ def save_model(model, config, src_dir: str, out: Path, head: str, label_names: S
     if head == "classification" and label_names:
         cfg["id2label"] = {str(i): n for i, n in enumerate(label_names)}
         cfg["label2id"] = {n: i for i, n in enumerate(label_names)}
-    tmp = cfg_path.with_name("config.json.tmp")
-    tmp.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
-    tmp.replace(cfg_path)
+    write_text(cfg_path, json.dumps(cfg, indent=2))
     for name in TOKENIZER_FILES:
         if (Path(src_dir) / name).is_file():
             shutil.copyfile(Path(src_dir) / name, out / name)
@@ -281,8 +280,8 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
     """
     from bertforge.optim.lamb import build_optimizer
     from bertforge.optim.schedule import lr_at
-    from bertforge.train import distributed as D
-    from bertforge.train.metrics import MetricsLogger
+    from bertforge.runtime import distributed as D
+    from bertforge.runtime.metrics import MetricsLogger
 
     if run.task not in ALL_TASKS:
         raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")

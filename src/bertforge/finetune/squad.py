@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import write_text
 
 
 @dataclasses.dataclass
@@ -271,6 +272,4 @@ def write_json(path: str | Path, obj: Any) -> None:
     """Atomic JSON write (temporary name, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(obj, indent=1, ensure_ascii=False))

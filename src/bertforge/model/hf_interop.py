@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import atomic_dir
 from bertforge.model.bert import ACTIVATIONS, BertForTask, build_model
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TASK_HEADS
@@ -304,17 +305,8 @@ def save_pretrained(model: BertForTask, config: BertConfig, path: str | os.PathL
         raise UserError(f"transformers has no RoBERTa class for task {task!r} (no NSP head); save task mlm instead")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config_to_hf(config, task, model.num_labels), indent=2) + "\n",
-                                     encoding="utf-8")
-    if path.exists():  # replace an older save: move it aside first, so a crash leaves one complete copy
-        old = path.with_name(f".{path.name}.old{os.getpid()}")
-        path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(path)
+    with atomic_dir(path) as tmp:  # an older save is swapped out only once this one is complete
+        save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(config, task, model.num_labels), indent=2) + "\n",
+                                         encoding="utf-8")
     return path

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import atomic_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "merges.txt", "vocab.json", "tokenizer_config.json",
                    "special_tokens_map.json")
@@ -76,25 +77,6 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move a finished temporary directory into place (atomic for readers: old or new, never half)."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
-
-
-def _tmp_dir(out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
-
-
 def load(model_dir: Path, head: str, init_head: bool = False, seed: int = 0, num_labels: int | None = None,
          attention: str = "auto"):
     from bertforge.model.hf_interop import load_pretrained
@@ -119,17 +101,9 @@ def export_hf(model_dir: str | Path, out: str | Path, task: str | None = None, i
     model_dir, out = Path(model_dir), Path(out)
     head = resolve_head(model_dir, task)
     model, config = load(model_dir, head, init_head, seed, num_labels)
-    tmp = _tmp_dir(out)
-    try:
-        save_pretrained(model, config, tmp / "model", head)
-        for f in (tmp / "model").iterdir():
-            f.rename(tmp / f.name)
-        (tmp / "model").rmdir()
+    with atomic_dir(out) as tmp:
+        save_pretrained(model, config, tmp, head)
         copy_tokenizer(model_dir, tmp)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
@@ -199,8 +173,7 @@ def export_onnx(model_dir: str | Path, out: str | Path, task: str | None = None,
         axes.update({n: {0: "batch", 1: "sequence"} for n in out_names})
     else:
         axes["logits"] = {0: "batch"}
-    tmp = _tmp_dir(out)
-    try:
+    with atomic_dir(out) as tmp:
         path = tmp / "model.onnx"
         with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
             # the tracer warns about math.sqrt(head_dim) becoming a constant: it is one
@@ -217,8 +190,4 @@ def export_onnx(model_dir: str | Path, out: str | Path, task: str | None = None,
                             "nothing was written")
         shutil.copy2(model_dir / "config.json", tmp / "config.json")
         copy_tokenizer(model_dir, tmp)
-        _replace_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"path": str(out / "model.onnx"), "max_abs_diff": diff, "head": head}

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import atomic_dir, remove_stale
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "training_state.pt"
@@ -105,43 +106,15 @@ def save_checkpoint(
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".tmp-step_*"):  # left by a run killed mid-write
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_stale(root)  # left by a run killed mid-write
     final = root / f"step_{step:08d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    tmp.mkdir()
-    write_model(tmp / MODEL_DIR)
-    torch.save(state, tmp / STATE_FILE)
-    meta = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **meta}
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
-    _fsync_dir(tmp)
-    if _before_rename is not None:
-        _before_rename(tmp)
-    if final.exists():  # the same step saved again (a re-run): replace it
-        old = root / f".tmp-old-{final.name}-{os.getpid()}"
-        final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(final)
-    _fsync_dir(root)
+    with atomic_dir(final) as tmp:  # the same step saved again (a re-run) replaces it
+        write_model(tmp / MODEL_DIR)
+        torch.save(state, tmp / STATE_FILE)
+        meta = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **meta}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
+        if _before_rename is not None:
+            _before_rename(tmp)
     for old_ckpt in list_checkpoints(root)[:-keep_last]:
         shutil.rmtree(old_ckpt.path, ignore_errors=True)
     return Checkpoint(final, step)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Flush a directory's files and entries so a rename after a crash never points at unwritten data."""
-    for p in [*path.iterdir(), path] if path.is_dir() else [path]:
-        if p.is_dir() and p != path:
-            continue
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)

@@ -37,7 +37,7 @@ def pretrain_run(args: argparse.Namespace) -> int:
         return 0
     from pathlib import Path
 
-    from bertforge.train import distributed
+    from bertforge.runtime import distributed
     from bertforge.train.loop import run_pretrain
 
     info = distributed.env_info()

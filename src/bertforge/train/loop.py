@@ -30,9 +30,9 @@ from bertforge.errors import UserError
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.train import checkpoint as ckpt
-from bertforge.train import distributed as ddp
+from bertforge.runtime import distributed as ddp
 from bertforge.train.config import PretrainConfig
-from bertforge.train.metrics import MetricsLogger
+from bertforge.runtime.metrics import MetricsLogger
 
 
 @dataclass
@@ -149,13 +149,13 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
     if cfg.model.init_from:
         from bertforge.model.hf_interop import load_pretrained
 
-        model, bert_cfg = load_pretrained(cfg.model.init_from, "pretraining", attention=cfg.model.attention,
-                                          activation_checkpointing=cfg.model.activation_checkpointing)
+        model, bert_cfg = load_pretrained(cfg.model.init_from, "pretraining", attention=cfg.train.attention,
+                                          activation_checkpointing=cfg.train.activation_checkpointing)
     else:
         from bertforge.model import build_model
 
-        model = build_model(bert_cfg, "pretraining", attention=cfg.model.attention,
-                            activation_checkpointing=cfg.model.activation_checkpointing)
+        model = build_model(bert_cfg, "pretraining", attention=cfg.train.attention,
+                            activation_checkpointing=cfg.train.activation_checkpointing)
     model.to(device)
     optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type)
     scaler = dev.grad_scaler(device, precision)
@@ -188,7 +188,7 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
 
     model_ddp = ddp.wrap_ddp(model, device, info)
     sync_owner = model_ddp  # no_sync lives on the DDP wrapper, not on the compiled module around it
-    if cfg.model.compile:
+    if cfg.train.compile:
         model_ddp = torch.compile(model_ddp)
     global_rows = rows_per_update(d.input_dir, t.global_batch_size, t.micro_batch_size, info.world_size)
     loader = PretrainLoader.from_dir(d.input_dir, global_rows, t.micro_batch_size, info.rank,

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from bertforge.runtime.io import atomic_path, write_text
+
 # console formatting per key: (label, format function); unknown keys print as `key value`
 _FMT = {
     "loss": ("loss", lambda v: f"{v:.4f}"),
@@ -145,9 +147,7 @@ class MetricsLogger:
         if not self.is_main:
             return
         summary = {k: _clean(v) for k, v in summary.items()}
-        tmp = self.dir / f"summary.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
-        tmp.replace(self.dir / "summary.json")
+        write_text(self.dir / "summary.json", json.dumps(summary, indent=1, default=str))
         self._dllogger((), summary)
         self.close()
         if plot:
@@ -195,9 +195,14 @@ def plot_metrics(jsonl: str | Path, png: str | Path) -> Path | None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     fig.tight_layout()
-    png = Path(png)
-    tmp = png.with_name(png.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    return save_figure(fig, png)
+
+
+def save_figure(fig, png: str | Path) -> Path:
+    """Write a matplotlib figure as a PNG, atomically, and close it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
-    tmp.replace(png)
-    return png
+    return Path(png)

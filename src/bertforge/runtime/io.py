@@ -1,0 +1,116 @@
+"""The one atomic writer (DESIGN §6): every output is written under a temporary name, flushed, and renamed into
+place, so a killed run never leaves a half-written file or directory that looks complete.
+
+    with atomic_path("out/shard_0.hdf5") as tmp:      # any writer: h5py, safetensors, savefig, ...
+        write_somehow(tmp)
+    write_text("out/summary.json", json.dumps(summary))
+    with atomic_dir("runs/x/best") as tmp:             # a whole directory, replacing an older one
+        save_pretrained(model, tmp)
+
+The temporary name is hidden (`.NAME.tmp-PID`) and sits beside the target, on the same filesystem, so the
+rename is atomic. A directory that already exists is moved aside first and removed after the new one is in
+place: at every instant one complete copy exists. `commit` is the only function in bertforge that renames a
+temporary file into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+
+def temp_name(path: str | os.PathLike, tag: str = "tmp") -> Path:
+    """A hidden sibling of `path` unique to this process: `.NAME.tmp-PID` (keeps the suffix last, so writers
+    that pick a format from it, like matplotlib, still see `.png`)."""
+    p = Path(path)
+    return p.with_name(f".{p.stem}.{tag}-{os.getpid()}{p.suffix}")
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush a file, or a directory's files and entries, so a rename after a crash never points at unwritten
+    data."""
+    paths = [path] if path.is_file() else [*(p for p in path.rglob("*") if p.is_file()), path]
+    for p in paths:
+        with contextlib.suppress(OSError):
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def commit(tmp: Path, final: Path) -> None:
+    """Rename a finished temporary file or directory onto `final`, replacing what is there."""
+    fsync_tree(tmp)
+    if tmp.is_dir() and final.exists():
+        old = temp_name(final, "old")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+    else:
+        os.replace(tmp, final)
+    fsync_tree(final.parent)
+
+
+def _discard(tmp: Path) -> None:
+    if tmp.is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path for a file; on success it replaces `path`, on error it is removed."""
+    final = Path(path)
+    tmp = temp_name(final)
+    _discard(tmp)
+    try:
+        yield tmp
+        commit(tmp, final)
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a fresh temporary directory; on success it replaces `path` (an older directory is swapped out,
+    never deleted before the new one is in place), on error it is removed."""
+    final = Path(path)
+    tmp = temp_name(final)
+    _discard(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        commit(tmp, final)
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def remove_stale(directory: str | os.PathLike) -> int:
+    """Delete the temporary files and directories that killed runs left in `directory`; returns how many."""
+    n = 0
+    for p in Path(directory).glob(".*.tmp-*"):
+        _discard(p)
+        n += 1
+    for p in Path(directory).glob(".*.old-*"):
+        _discard(p)
+        n += 1
+    return n
