@@ -63,11 +63,12 @@ def _discard(tmp: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path for a file; on success it replaces `path`, on error it is removed."""
+def _atomic(path: str | os.PathLike, directory: bool) -> Iterator[Path]:
     final = Path(path)
     tmp = temp_name(final)
     _discard(tmp)
+    if directory:
+        tmp.mkdir(parents=True)
     try:
         yield tmp
         commit(tmp, final)
@@ -76,20 +77,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
-@contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike) -> contextlib.AbstractContextManager[Path]:
+    """Yield a temporary path for a file; on success it replaces `path`, on error it is removed."""
+    return _atomic(path, directory=False)
+
+
+def atomic_dir(path: str | os.PathLike) -> contextlib.AbstractContextManager[Path]:
     """Yield a fresh temporary directory; on success it replaces `path` (an older directory is swapped out,
     never deleted before the new one is in place), on error it is removed."""
-    final = Path(path)
-    tmp = temp_name(final)
-    _discard(tmp)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        commit(tmp, final)
-    except BaseException:
-        _discard(tmp)
-        raise
+    return _atomic(path, directory=True)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
