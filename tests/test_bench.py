@@ -69,11 +69,11 @@ def test_only_matching_nothing_is_an_error(spec):
 
 def test_accel_callables_run_on_cpu():
     """The accelerator spec's callables also run on the CPU: parity raises beyond tolerance, steps report."""
-    from bertforge.bench import accel
+    from bertforge.bench import accel, step
 
     diffs = accel.parity("cpu", batch=4, seq=32)
     assert diffs["sdpa_fp32_maxdiff"] < 1e-4 and diffs["sdpa_packed_maxdiff"] < 1e-4
-    out = accel.train_step("ours", "tiny", "fp32", batch=2, seq=32, masked=4, steps=1, device="cpu")
+    out = step.train_step("ours", "tiny", "fp32", batch=2, seq=32, masked=4, steps=1, device="cpu", vocab=30528)
     assert out["seq_per_s"] > 0 and out["tokens_per_s"] == out["seq_per_s"] * 32 and out["loss"] > 0
 
 

@@ -2,11 +2,9 @@
 
 - `parity`: our model against `transformers` on the same weights, on the device, in fp32 and under bf16
   autocast, for padded rows, packed rows (vs the same sequences one per row) and every attention kernel.
-- `train_step`: a pre-training optimizer step (forward + backward + optimizer) of BERT-base/large at phase-1
-  (seq 128, 20 masked) and phase-2 (seq 512, 80 masked) shapes, ours vs `transformers.BertForPreTraining`
-  (SDPA) with the same optimizer and autocast, seq/s and MFU against the measured matmul peak.
 
-The spec `benchmarks/accel_pretrain_step.yml` runs these; results are in docs/BENCHMARKS.md.
+The spec `benchmarks/accel_pretrain_step.yml` runs it next to `bertforge.bench.step:train_step` (the product's
+step at BERT-base/large phase-1 and phase-2 shapes); results are in docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -16,18 +14,6 @@ import tempfile
 import torch
 
 from bertforge import device as dev
-from bertforge.bench import model as model_bench
-
-def train_step(impl: str = "ours", preset: str = "base", precision: str = "bf16", batch: int = 64, seq: int = 128,
-               masked: int = 20, steps: int = 10, attention: str = "auto", compile: bool | str = False,
-               device: str = "auto") -> dict[str, float]:
-    """`bertforge.bench.model.train_step` at phase-1/2 shapes with NVIDIA's padded vocab (30528), plus real
-    tokens/s and the step's peak device memory."""
-    out = model_bench.train_step(impl, preset, precision, batch, seq, masked, steps, attention, compile, device,
-                                 vocab=30528)
-    return {**out, "tokens_per_s": out["seq_per_s"] * seq,
-            "peak_mem_gb": dev.max_memory_allocated(dev.resolve_device(device)) / 2**30}
-
 
 def parity(device: str = "auto", preset: str = "tiny", seq: int = 64, batch: int = 4) -> dict[str, float]:
     """Max |ours - transformers| on the device for every attention kernel, fp32 and bf16 autocast, plus the

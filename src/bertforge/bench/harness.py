@@ -8,10 +8,10 @@ A spec is YAML:
     interleave: false          # true: repeats round-robin across the benchmarks (see below)
     benchmarks:
       - name: hf_tiny_fp32
-        fn: bertforge.bench.model:train_step      # module:function
+        fn: bertforge.bench.step:train_step       # module:function
         params: {impl: hf, preset: tiny, precision: fp32}
       - name: ours_tiny_fp32
-        fn: bertforge.bench.model:train_step
+        fn: bertforge.bench.step:train_step
         params: {impl: ours, preset: tiny, precision: fp32}
     ratios:
       - {name: tiny_fp32_speedup, num: ours_tiny_fp32, den: hf_tiny_fp32, metric: seq_per_s, target: 4.0}

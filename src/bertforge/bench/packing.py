@@ -140,6 +140,7 @@ def packed_vs_unpacked(unpacked_dir: str, packed_dir: str, preset: str = "mini",
     from bertforge import device as dev
     from bertforge.model import BertConfig, build_model
     from bertforge.optim.lamb import build_optimizer
+    from bertforge.train.step import TrainStep, train_step
 
     if threads:
         torch.set_num_threads(threads)
@@ -148,12 +149,13 @@ def packed_vs_unpacked(unpacked_dir: str, packed_dir: str, preset: str = "mini",
             "packed": _batches(packed_dir, "packed", micro_batch, steps + 1)}
     where = dev.resolve_device(device)
     precision = dev.resolve_precision(precision, where)
-    data = {k: [{n: (t.to(where) if isinstance(t, torch.Tensor) else t) for n, t in b.items()} for b in v]
-            for k, v in data.items()}
     cfg = BertConfig.from_preset(preset, max_position_embeddings=max(512, meta["seq_len"]))
     torch.manual_seed(0)
-    models = {k: build_model(cfg, "pretraining", attention=attention).to(where) for k in data}
-    opts = {k: build_optimizer(m, "lamb", 1e-4, 0.01, (0.9, 0.999), 1e-6, where.type) for k, m in models.items()}
+    runs = {}
+    for k in data:  # the product's step, one per format
+        model = build_model(cfg, "pretraining", attention=attention).to(where)
+        opt = build_optimizer(model, "lamb", 1e-4, 0.01, (0.9, 0.999), 1e-6, where.type)
+        runs[k] = TrainStep.build(model, opt, where, precision)
     times: dict[str, list[float]] = {k: [] for k in data}
     tokens = {k: 0 for k in data}
     seqs = {k: 0 for k in data}
@@ -161,13 +163,10 @@ def packed_vs_unpacked(unpacked_dir: str, packed_dir: str, preset: str = "mini",
         for kind in ("unpacked", "packed") if step % 2 == 0 else ("packed", "unpacked"):
             batch = dict(data[kind][step])
             n_tok, n_seq = batch.pop("_tokens"), batch.pop("_seqs")
+            batch = {n: t.to(where) for n, t in batch.items()}
             dev.synchronize(where)
             t0 = time.perf_counter()
-            with dev.autocast(where, precision):
-                loss = models[kind](**batch).loss
-            loss.backward()
-            opts[kind].step()
-            opts[kind].zero_grad(set_to_none=True)
+            train_step(runs[kind], [batch], 1)
             dev.synchronize(where)
             dt = time.perf_counter() - t0
             if step:

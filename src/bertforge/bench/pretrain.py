@@ -1,21 +1,8 @@
-"""Pre-training benchmarks: the full training step, ours vs `transformers.BertForPreTraining` + AdamW.
+"""Pre-training time to accuracy: ours (the product's `train_step`, LAMB) vs the Hugging Face baseline
+(`bench.baseline`: `BertForPreTraining` + AdamW in a plain loop), trained from scratch on the same shards until a
+held-out masked-LM accuracy target (or a time limit); `tta_from_curves` / `plot_curves` read the curves back.
 
-`train_step` times whole optimizer updates — forward, backward, gradient clipping, optimizer step — on the same
-micro-batches for both sides:
-
-- ours: `bertforge.model` (MLM head only at the masked slots, fused QKV, SDPA), LAMB (`bertforge.optim`,
-  foreach), the loop's pieces (`device.autocast`, the grad scaler, clip_grad_norm_, the metric sums of
-  `train.loop`), as `bertforge pretrain` runs them;
-- hf: `transformers.BertForPreTraining` (SDPA attention) with dense MLM labels (-100 off the masked slots) and
-  `torch.optim.AdamW` (foreach) in a plain loop — the usual way to pre-train with Hugging Face.
-
-Batches come from real shards (`data_dir`, the first `batch` rows of a seeded loader: the same rows for both
-sides) or, without one, random tokens of full length with `masked` predictions. Metrics: seq_per_s and MFU
-(training FLOPs of `model.flops.flops_per_sequence` over the measured matmul peak of `device.peak_flops`; the
-same FLOP count for both sides, i.e. useful work: HF's dense vocabulary projection is not credited).
-
-`time_to_accuracy` trains both sides on shards until a held-out masked-LM accuracy target (or a time limit)
-and reports the seconds it took: see docs/BENCHMARKS.md for what was run.
+The step throughput benchmarks are in `bench.step`; see docs/BENCHMARKS.md for what was run.
 """
 
 from __future__ import annotations
@@ -28,116 +15,27 @@ import time
 import torch
 
 from bertforge import device as dev
-from bertforge.bench.harness import SetupCache
-from bertforge.runtime.metrics import save_figure
+from bertforge.bench.baseline import hf_mlm_accuracy, hf_pretraining, hf_step
 from bertforge.errors import UserError
+from bertforge.model import BertConfig, build_model
+from bertforge.optim.lamb import build_optimizer
+from bertforge.optim.schedule import lr_at
+from bertforge.runtime.metrics import save_figure
+from bertforge.train.step import TrainStep, set_lr, train_step as product_step
 
-_CACHE = SetupCache()
-
-
-def _batches(data_dir: str | None, batch: int, seq: int, masked: int, vocab: int, n: int = 2) -> list[dict]:
-    if data_dir:
-        from bertforge.data.loader import PretrainLoader
-
-        it = PretrainLoader.from_dir(data_dir, batch, batch, 0, 1, seed=0, num_workers=0).iterate()
-        return [next(it) for _ in range(n)]
-    out = []
-    g = torch.Generator().manual_seed(0)
-    for _ in range(n):
-        ids = torch.randint(5, vocab, (batch, seq), generator=g)
-        ids[:, 0], ids[:, -1] = 2, 3
-        pos = torch.stack([torch.randperm(seq - 2, generator=g)[:masked] + 1 for _ in range(batch)]).sort(1).values
-        out.append({"input_ids": ids, "token_type_ids": (torch.arange(seq) >= seq // 2).long().expand(batch, seq).clone(),
-                    "attention_mask": torch.ones_like(ids), "masked_positions": pos,
-                    "masked_labels": torch.randint(5, vocab, (batch, masked), generator=g),
-                    "nsp_labels": torch.randint(0, 2, (batch,), generator=g)})
-    return out
-
-
-def _dense_labels(b: dict[str, torch.Tensor]) -> torch.Tensor:
-    """HF's MLM labels: the token id at each masked position, -100 elsewhere (slot 0 = empty, never a label)."""
-    labels = torch.full_like(b["input_ids"], -100)
-    pos, lab = b["masked_positions"], b["masked_labels"]
-    valid = pos > 0
-    rows = torch.arange(pos.shape[0]).unsqueeze(1).expand_as(pos)
-    labels[rows[valid], pos[valid]] = lab[valid]
-    return labels
-
-
-def _setup(impl: str, preset: str, precision: str, batch: int, seq: int, masked: int, data_dir: str | None,
-           vocab: int, threads: int | None):
-    key = (impl, preset, precision, batch, seq, masked, data_dir, vocab, threads)
-    return _CACHE.get(key, lambda: _build(impl, preset, batch, seq, masked, data_dir, vocab))
-
-
-def _build(impl: str, preset: str, batch: int, seq: int, masked: int, data_dir: str | None, vocab: int):
-    from bertforge.model import BertConfig, build_model
-    from bertforge.optim.lamb import build_optimizer
-
-    device = dev.resolve_device("cpu")
-    batches = _batches(data_dir, batch, seq, masked, vocab)
-    seq = batches[0]["input_ids"].shape[1]
-    vocab = max(vocab, int(max(b["input_ids"].max() for b in batches)) + 1)
-    config = BertConfig.from_preset(preset, vocab_size=vocab, max_position_embeddings=max(seq, 128))
-    torch.manual_seed(0)
+def _tta_side(impl: str, config, base_lr: float | None, precision: str):
+    """(lr, schedule, one-update function) for a side of `time_to_accuracy`: ours is the product's step with LAMB,
+    the baseline `hf_step` with AdamW."""
+    cpu = torch.device("cpu")
     if impl == "ours":
         model = build_model(config, "pretraining")
-        opt = build_optimizer(model, "lamb", 1e-3, 0.01, (0.9, 0.999), 1e-6, device.type)
-        inputs = batches
-    elif impl == "hf":
-        import transformers
-
-        hf_cfg = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
-        model = transformers.BertForPreTraining._from_config(hf_cfg, attn_implementation="sdpa")
-        no_decay = ("bias", "LayerNorm.weight")
-        groups = [{"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)],
-                   "weight_decay": 0.01},
-                  {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)],
-                   "weight_decay": 0.0}]
-        opt = torch.optim.AdamW(groups, lr=1e-4, foreach=True)
-        inputs = [{"input_ids": b["input_ids"], "token_type_ids": b["token_type_ids"],
-                   "attention_mask": (b["attention_mask"] != 0).long(), "labels": _dense_labels(b),
-                   "next_sentence_label": b["nsp_labels"]} for b in batches]
-    else:
-        raise ValueError(f"impl must be ours or hf, not {impl!r}")
-    model.train()
-    return device, config, model, opt, inputs, seq, masked if not data_dir else batches[0]["masked_positions"].shape[1]
-
-
-def train_step(impl: str = "ours", preset: str = "tiny", precision: str = "fp32", batch: int = 32, seq: int = 128,
-               masked: int = 20, steps: int = 5, data_dir: str | None = None, vocab: int = 30522,
-               threads: int | None = None) -> dict[str, float]:
-    """`steps` full optimizer updates of one micro-batch each; returns seq_per_s and mfu."""
-    from bertforge.model.flops import flops_per_sequence
-    from bertforge.train.loop import _Window
-
-    with dev.threads(threads):
-        device, config, model, opt, inputs, seq, masked = _setup(impl, preset, precision, batch, seq, masked,
-                                                                 data_dir, vocab, threads)
-        scaler = dev.grad_scaler(device, precision)
-        window = _Window(device)
-        t0 = time.perf_counter()
-        for i in range(steps):
-            x = inputs[i % len(inputs)]
-            with dev.autocast(device, precision):
-                out = model(**x)
-            if impl == "ours":
-                scaler.scale(out.loss).backward()
-                window.add(out, x)  # the loop's metric sums, on the device
-                scaler.unscale_(opt)
-                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-                if torch.isfinite(norm).item():
-                    scaler.step(opt)
-                scaler.update()
-            else:
-                out.loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-        elapsed = time.perf_counter() - t0
-    seq_per_s = steps * batch / elapsed
-    flops = flops_per_sequence(config, seq, masked, task="pretraining", training=True)
-    return {"seq_per_s": seq_per_s, "mfu": flops * seq_per_s / dev.peak_flops(device, precision)}
+        lr = base_lr or 5e-3
+        step = TrainStep.build(model, build_optimizer(model, "lamb", lr, 0.01, (0.9, 0.999), 1e-6, "cpu"), cpu,
+                               precision)
+        return model, step.optimizer, lr, "poly", lambda x: product_step(step, [x], 1)
+    model, opt = hf_pretraining(config, cpu, weight_decay=0.01)
+    lr = base_lr or 1e-3
+    return model, opt, lr, "linear", lambda x: hf_step(model, opt, x, cpu, precision)
 
 
 def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "", eval_dir: str = "",
@@ -146,61 +44,33 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
                      precision: str = "fp32", horizon: int = 2000, curve: str | None = None) -> dict[str, float]:
     """Train from scratch on `data_dir` until held-out MLM accuracy on `eval_dir` reaches `target`.
 
-    ours: LAMB (lr 5e-3 by default, poly warmup over the first 5% of a `horizon`-step schedule), masked-only
-    head; hf: BertForPreTraining + AdamW (lr 1e-3 by default, linear warmup and decay over the same steps),
-    plain loop. Both train and evaluate under the same autocast (`precision`). Evaluation time is excluded.
-    `curve`: a JSON-lines file that gets (train_s, step, acc) after every evaluation. Returns seconds (inf if
-    the limit was reached), steps and final accuracy.
+    ours: the product's step with LAMB (lr 5e-3 by default, poly warmup over the first 5% of a `horizon`-step
+    schedule), masked-only head; hf: the baseline helper (BertForPreTraining + AdamW, lr 1e-3 by default, linear
+    warmup and decay over the same steps). Both train and evaluate under the same autocast (`precision`).
+    Evaluation time is excluded. `curve`: a JSON-lines file that gets (train_s, step, acc) after every
+    evaluation. Returns seconds (inf if the limit was reached), steps and final accuracy.
     """
     from bertforge.data.loader import PretrainLoader, eval_batches as eval_iter, read_manifest
-    from bertforge.model import BertConfig, build_model
-    from bertforge.optim.lamb import build_optimizer
-    from bertforge.optim.schedule import lr_at
 
     cpu = torch.device("cpu")
     precision = dev.resolve_precision(precision, cpu)
     with dev.threads(threads):
         torch.manual_seed(0)
-        loader = PretrainLoader.from_dir(data_dir, batch, batch, 0, 1, seed=0, num_workers=1)
-        it = loader.iterate()
+        it = PretrainLoader.from_dir(data_dir, batch, batch, 0, 1, seed=0, num_workers=1).iterate()
         evals = list(eval_iter(eval_dir, batch, max_batches=eval_batches))
         vocab = int(read_manifest(data_dir).get("vocab_size", 0)) or _vocab_from_shards(data_dir, 8)
         config = BertConfig.from_preset(preset, vocab_size=vocab, max_position_embeddings=512)
-        if impl == "ours":
-            model = build_model(config, "pretraining")
-            base_lr = lr or 5e-3
-            opt = build_optimizer(model, "lamb", base_lr, 0.01, (0.9, 0.999), 1e-6, "cpu")
-            kind = "poly"
-        else:
-            import transformers
-
-            hf_cfg = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
-            model = transformers.BertForPreTraining._from_config(hf_cfg, attn_implementation="sdpa")
-            base_lr = lr or 1e-3
-            opt = torch.optim.AdamW(model.parameters(), lr=base_lr, weight_decay=0.01, foreach=True)
-            kind = "linear"
+        model, opt, base_lr, kind, update = _tta_side(impl, config, lr, precision)
         train_s, step, acc = 0.0, 0, 0.0
         while train_s < max_seconds:
             t0 = time.perf_counter()
             for _ in range(eval_every):
                 step += 1
-                for g in opt.param_groups:
-                    g["lr"] = lr_at(step, base_lr, horizon, 0.05, kind)
-                x = next(it)
-                with dev.autocast(cpu, precision):
-                    if impl == "ours":
-                        loss = model(**x).loss
-                    else:
-                        loss = model(input_ids=x["input_ids"], token_type_ids=x["token_type_ids"],
-                                     attention_mask=(x["attention_mask"] != 0).long(), labels=_dense_labels(x),
-                                     next_sentence_label=x["nsp_labels"]).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                set_lr(opt, lr_at(step, base_lr, horizon, 0.05, kind))
+                update(next(it))
             train_s += time.perf_counter() - t0
             with dev.autocast(cpu, precision):
-                acc = _mlm_accuracy(model, impl, evals)
+                acc = _mlm_accuracy(model, evals) if impl == "ours" else hf_mlm_accuracy(model, evals)
             if curve:
                 with open(curve, "a", encoding="utf-8") as f:
                     f.write(json.dumps({"impl": impl, "train_s": round(train_s, 2), "step": step, "acc": acc}) + "\n")
@@ -223,21 +93,13 @@ def _vocab_from_shards(data_dir: str, at_least: int) -> int:
 
 
 @torch.no_grad()
-def _mlm_accuracy(model, impl: str, evals: list[dict]) -> float:
+def _mlm_accuracy(model, evals: list[dict]) -> float:
     model.eval()
     ok = n = 0
     for x in evals:
-        if impl == "ours":
-            out = model(**x)
-            ok += int(out.mlm_correct)
-            n += int(out.mlm_count)
-        else:
-            labels = _dense_labels(x)
-            logits = model(input_ids=x["input_ids"], token_type_ids=x["token_type_ids"],
-                           attention_mask=(x["attention_mask"] != 0).long()).prediction_logits
-            m = labels != -100
-            ok += int((logits.argmax(-1)[m] == labels[m]).sum())
-            n += int(m.sum())
+        out = model(**x)
+        ok += int(out.mlm_correct)
+        n += int(out.mlm_count)
     model.train()
     return ok / max(n, 1)
 

@@ -15,12 +15,11 @@ newest complete checkpoint in this run's output_dir, whichever phase it belongs 
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -32,6 +31,7 @@ from bertforge.optim.schedule import lr_at
 from bertforge.train import checkpoint as ckpt
 from bertforge.runtime import distributed as ddp
 from bertforge.train.config import PretrainConfig
+from bertforge.train.step import TrainStep, set_lr, to_device, train_step
 from bertforge.runtime.metrics import MetricsLogger
 
 
@@ -102,15 +102,6 @@ def model_writer(model: torch.nn.Module, config, task: str, vocab_file: Path | N
     return write
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for g in optimizer.param_groups:
-        g["lr"] = lr
-
-
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, directory: str, device: torch.device, precision: str, batch_size: int,
              max_batches: int, info: ddp.DistInfo, vocab_size: int, seed: int) -> dict[str, float]:
@@ -132,20 +123,37 @@ def evaluate(model: torch.nn.Module, directory: str, device: torch.device, preci
     return {"eval_loss": s[0] / max(s[1], 1), "eval_mlm_acc": s[2] / max(s[3], 1), "eval_nsp_acc": s[4] / max(s[5], 1)}
 
 
-# ---------------------------------------------------------------------------------------------- the run
-def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = None,
-                 _save_hook: Callable[[Path], None] | None = None) -> dict[str, Any]:
-    """One pre-training phase; returns the summary (also written to train.output_dir/summary.json)."""
-    t, o, d = cfg.train, cfg.optim, cfg.data
-    info, device = ddp.init_distributed(t.device)
-    precision = dev.resolve_precision(t.precision, device)
-    out_dir = Path(t.output_dir)
-    ckpt_root = out_dir / "checkpoints"
-    vocab_size, vocab_file = resolve_vocab(cfg)
-    bert_cfg = build_bert_config(cfg, vocab_size)
+# ---------------------------------------------------------------------------------------------- set-up
+@dataclass
+class Run:
+    """Everything one pre-training phase holds, built by `setup` (torchtitan's split: set-up, `train`, eval, save)."""
 
-    # ---- model, optimizer, scaler (the same init on every rank; DDP checks it)
-    torch.manual_seed(t.seed)
+    cfg: PretrainConfig
+    info: ddp.DistInfo
+    device: torch.device
+    precision: str
+    model: torch.nn.Module
+    """The bare model (what checkpoints save)."""
+    bert_cfg: Any
+    vocab_size: int
+    vocab_file: Path | None
+    step: TrainStep
+    loader: Any
+    logger: MetricsLogger
+    state: TrainState
+    resumed: bool
+    ckpt_root: Path
+    seconds_before: float = 0.0
+    t_start: float = 0.0
+    save_hook: Callable[[Path], None] | None = None
+
+    @property
+    def train_seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.t_start
+
+
+def build_model_for(cfg: PretrainConfig, bert_cfg) -> tuple[torch.nn.Module, Any]:
+    """A fresh model of the preset, or the weights of model.init_from; runtime choices applied from outside."""
     if cfg.model.init_from:
         from bertforge.model.hf_interop import load_pretrained
 
@@ -156,13 +164,12 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
 
         model = build_model(bert_cfg, "pretraining", attention=cfg.train.attention,
                             activation_checkpointing=cfg.train.activation_checkpointing)
-    model.to(device)
-    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type)
-    scaler = dev.grad_scaler(device, precision)
-    torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
-    state = TrainState()
+    return model, bert_cfg
 
-    # ---- restore: a checkpoint of this run (--resume), else phase 2's init checkpoint
+
+def restore(cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer, scaler, device,
+            info: ddp.DistInfo) -> tuple[TrainState, bool]:
+    """A checkpoint of this run (--resume), else phase 2's init checkpoint, else a fresh state."""
     found = ckpt.latest_checkpoint(ckpt_root) if resume else None
     if found is not None:
         _load_weights(model, found.model_dir)
@@ -174,137 +181,176 @@ def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | 
         dev.set_rng_state(device, rng)
         _log0(info, f"resumed from {found.path} (phase {state.phase}, step {state.step}, "
                     f"{state.sequences:,} sequences seen)")
-    elif t.init_checkpoint:
-        src = ckpt.find_checkpoint(t.init_checkpoint)
+        return state, True
+    if cfg.train.init_checkpoint:
+        src = ckpt.find_checkpoint(cfg.train.init_checkpoint)
         _load_weights(model, src.model_dir)
         saved = src.load_state()
         optimizer.load_state_dict(saved["optimizer"])
         _reset_optimizer_step(optimizer)
         prev = TrainState(**saved["train_state"])
-        state = TrainState(phase=prev.phase + 1, phase_offset=prev.phase_offset + prev.step)
-        _log0(info, f"phase {state.phase} from {src.path}: weights and optimizer moments loaded, step reset")
-    elif resume:
+        _log0(info, f"phase {prev.phase + 1} from {src.path}: weights and optimizer moments loaded, step reset")
+        return TrainState(phase=prev.phase + 1, phase_offset=prev.phase_offset + prev.step), False
+    if resume:
         _log0(info, f"--resume: no checkpoint in {ckpt_root}; starting from scratch")
+    return TrainState(), False
 
-    model_ddp = ddp.wrap_ddp(model, device, info)
-    sync_owner = model_ddp  # no_sync lives on the DDP wrapper, not on the compiled module around it
-    if cfg.train.compile:
-        model_ddp = torch.compile(model_ddp)
+
+def setup(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = None,
+          save_hook: Callable[[Path], None] | None = None) -> Run:
+    """Device, model, optimizer, restored state, the compiled step, the data and the logger."""
+    t, o, d = cfg.train, cfg.optim, cfg.data
+    info, device = ddp.init_distributed(t.device)
+    precision = dev.resolve_precision(t.precision, device)
+    vocab_size, vocab_file = resolve_vocab(cfg)
+    torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
+    model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size))
+    model.to(device)
+    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type)
+    scaler = dev.grad_scaler(device, precision)
+    ckpt_root = Path(t.output_dir) / "checkpoints"
+    state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
+    if not resumed:
+        torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
+    # DDP wraps the restored model (it broadcasts rank 0's weights); compile wraps DDP
+    step = TrainStep.build(model, optimizer, device, precision, o.max_grad_norm, t.compile,
+                           ddp=ddp.wrap_ddp(model, device, info) if info.distributed else None, scaler=scaler)
     global_rows = rows_per_update(d.input_dir, t.global_batch_size, t.micro_batch_size, info.world_size)
     loader = PretrainLoader.from_dir(d.input_dir, global_rows, t.micro_batch_size, info.rank,
                                      info.world_size, t.seed, d.num_workers, d.prefetch, d.chunk_rows,
                                      vocab_size=vocab_size, pack_per_row=d.pack_per_row)
-    accum = loader.accum
-    batches = loader.iterate(start_batch=state.batches)
-    logger = MetricsLogger(out_dir, info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard,
-                           resume=found is not None)
-    logger.params({"phase": state.phase, "world_size": info.world_size, "accumulation": accum,
-                   "precision": precision, "device": str(device), "data_kind": loader.kind,
-                   **{f"{k}.{kk}": vv for k, v in asdict(cfg).items() for kk, vv in v.items()}})
-    _log0(info, f"pretrain phase {state.phase}: {cfg.model.preset} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
-                f"params) on {info.world_size} x {device} in {precision}; global batch {t.global_batch_size} = "
-                f"{t.micro_batch_size} x {info.world_size} ranks x {accum} accumulation; {loader.kind} shards")
+    logger = MetricsLogger(Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard,
+                           resume=resumed)
+    run = Run(cfg, info, device, precision, model, bert_cfg, vocab_size, vocab_file, step, loader, logger, state,
+              resumed, ckpt_root, seconds_before=state.train_seconds, save_hook=save_hook)
+    _announce(run)
+    return run
 
-    def save() -> ckpt.Checkpoint | None:
-        state.train_seconds = seconds_before + time.perf_counter() - t_start
-        rngs = _gather_rng(device)
-        saved_ckpt = None
-        if info.is_main:
-            saved_ckpt = ckpt.save_checkpoint(
-                ckpt_root, state.phase_offset + state.step, model_writer(model, bert_cfg, "pretraining", vocab_file),
-                {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": rngs,
-                 "train_state": asdict(state)},
-                {"phase": state.phase, "phase_step": state.step, "sequences": state.sequences,
-                 "tokens": state.tokens, "precision": precision, "world_size": info.world_size,
-                 "config": asdict(cfg)},
-                keep_last=t.keep_last, _before_rename=_save_hook)
-        ddp.barrier()
-        return saved_ckpt
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    window = _Window(device)
+def _announce(run: Run) -> None:
+    cfg, info, state = run.cfg, run.info, run.state
+    run.logger.params({"phase": state.phase, "world_size": info.world_size, "accumulation": run.loader.accum,
+                       "precision": run.precision, "device": str(run.device), "data_kind": run.loader.kind,
+                       **{f"{k}.{kk}": vv for k, v in asdict(cfg).items() for kk, vv in v.items()}})
+    n_params = sum(p.numel() for p in run.model.parameters()) / 1e6
+    t = cfg.train
+    _log0(info, f"pretrain phase {state.phase}: {cfg.model.preset} ({n_params:.1f}M params) on {info.world_size} x "
+                f"{run.device} in {run.precision}; global batch {t.global_batch_size} = {t.micro_batch_size} x "
+                f"{info.world_size} ranks x {run.loader.accum} accumulation; {run.loader.kind} shards")
+
+
+# ------------------------------------------------------------------------------------------ eval, save
+def save(run: Run) -> ckpt.Checkpoint | None:
+    """A checkpoint of the whole state (rank 0 writes, every rank's RNG included)."""
+    state = run.state
+    state.train_seconds = run.train_seconds
+    rngs = _gather_rng(run.device)
+    saved = None
+    if run.info.is_main:
+        step = run.step
+        saved = ckpt.save_checkpoint(
+            run.ckpt_root, state.phase_offset + state.step,
+            model_writer(run.model, run.bert_cfg, "pretraining", run.vocab_file),
+            {"optimizer": step.optimizer.state_dict(), "scaler": step.scaler.state_dict(), "rng": rngs,
+             "train_state": asdict(state)},
+            {"phase": state.phase, "phase_step": state.step, "sequences": state.sequences, "tokens": state.tokens,
+             "precision": run.precision, "world_size": run.info.world_size, "config": asdict(run.cfg)},
+            keep_last=run.cfg.train.keep_last, _before_rename=run.save_hook)
+    ddp.barrier()
+    return saved
+
+
+def evaluate_run(run: Run) -> dict[str, float]:
+    d, t = run.cfg.data, run.cfg.train
+    return evaluate(run.step.model, d.eval_dir, run.device, run.precision, t.micro_batch_size, d.eval_batches,
+                    run.info, run.vocab_size, t.seed)
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+def train(run: Run) -> dict[str, Any]:
+    """restore -> for step: one `train_step` over accum micro-batches -> every N: log / eval / save."""
+    t, o, state = run.cfg.train, run.cfg.optim, run.state
+    batches = run.loader.iterate(start_batch=state.batches)
+    window = _Window(run.device)
     nonfinite_run = 0
-    last_saved = state.step if found is not None else -1  # a resumed finished run does not re-save
+    last_saved = state.step if run.resumed else -1  # a resumed finished run does not re-save
     last_eval = -1
     eval_metrics: dict[str, float] = {}
-    t_start = time.perf_counter()
-    seconds_before = state.train_seconds
-    model_ddp.train()
-
-    # ---- the loop: one iteration = one attempted update
+    run.t_start = time.perf_counter()
+    run.step.model.train()
     stop_at = min(t.max_steps, t.stop_after_steps) if t.stop_after_steps > 0 else t.max_steps
     while state.step < stop_at:
         lr = lr_at(state.step + 1, o.lr, t.max_steps, o.warmup, o.schedule)
-        set_lr(optimizer, lr)
-        for micro in range(accum):
-            t0 = time.perf_counter()
-            batch = next(batches)
-            window.data_wait += time.perf_counter() - t0
-            batch = to_device(batch, device)
-            with ddp.maybe_no_sync(sync_owner, micro < accum - 1), dev.autocast(device, precision):
-                out = model_ddp(**batch)
-                loss = out.loss / accum
-            scaler.scale(loss).backward()
-            window.add(out, batch)
+        set_lr(run.step.optimizer, lr)
+        result = train_step(run.step, window.timed(batches, run.loader.accum), run.loader.accum, window.add)
         state.batches += 1
-        scaler.unscale_(optimizer)
-        max_norm = o.max_grad_norm if o.max_grad_norm > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-        if torch.isfinite(grad_norm).item():  # one host sync per update
-            scaler.step(optimizer)
+        if result.finite:
             state.step += 1
             nonfinite_run = 0
-            window.grad_norm_sum += grad_norm.detach().double()
+            window.grad_norm_sum += result.grad_norm.double()
             window.updates += 1
         else:
             state.skipped += 1
             window.skipped += 1
             nonfinite_run += 1
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        if nonfinite_run >= t.max_nonfinite_steps:
-            saved_ckpt = save()
-            raise UserError(
-                f"{nonfinite_run} non-finite gradient steps in a row at step {state.step} ({precision}"
-                f"{f', loss scale {scaler.get_scale():g}' if scaler.is_enabled() else ''}); the last good state is "
-                f"saved in {saved_ckpt.path if saved_ckpt else ckpt_root}. Lower optim.lr, use train.precision=bf16 "
-                "or fp32, or check the data, then run again with --resume")
-        if nonfinite_run:
+            if nonfinite_run >= t.max_nonfinite_steps:
+                _stop_nonfinite(run, nonfinite_run)
             continue
-        step = state.step
         t_pause = time.perf_counter()  # eval and checkpoint time stays out of the throughput window
-        if step % t.log_every == 0 or step == t.max_steps:
-            metrics = window.flush(info, t.global_batch_size, lr, state)
-            metrics["mfu"] = _mfu(bert_cfg, loader, metrics["rows_per_s"], device, precision, info)
-            logger.log(state.phase_offset + step, {**metrics, "step_in_phase": step})
-        if d.eval_dir and (step % t.eval_every == 0 or step == t.max_steps):
-            eval_metrics = evaluate(model_ddp, d.eval_dir, device, precision, t.micro_batch_size, d.eval_batches,
-                                    info, vocab_size, t.seed)
-            logger.log(state.phase_offset + step, eval_metrics)
-            last_eval = step
-        if step % t.save_every == 0 or step == t.max_steps:
-            save()
-            last_saved = step
+        if state.step % t.log_every == 0 or state.step == t.max_steps:
+            _log_window(run, window, lr)
+        if run.cfg.data.eval_dir and (state.step % t.eval_every == 0 or state.step == t.max_steps):
+            eval_metrics = evaluate_run(run)
+            run.logger.log(state.phase_offset + state.step, eval_metrics)
+            last_eval = state.step
+        if state.step % t.save_every == 0 or state.step == t.max_steps:
+            save(run)
+            last_saved = state.step
         window.t0 += time.perf_counter() - t_pause
-
     if last_saved != state.step:
-        save()
-    if d.eval_dir and last_eval != state.step:
-        eval_metrics = evaluate(model_ddp, d.eval_dir, device, precision, t.micro_batch_size, d.eval_batches, info,
-                                vocab_size, t.seed)
-    final = ckpt.latest_checkpoint(ckpt_root)
+        save(run)
+    if run.cfg.data.eval_dir and last_eval != state.step:
+        eval_metrics = evaluate_run(run)
+    return _finish(run, window, eval_metrics)
+
+
+def _log_window(run: Run, window: _Window, lr: float) -> None:
+    metrics = window.flush(run.info, run.cfg.train.global_batch_size, lr, run.state)
+    metrics["mfu"] = _mfu(run.bert_cfg, run.loader, metrics["rows_per_s"], run.device, run.precision, run.info)
+    run.logger.log(run.state.phase_offset + run.state.step, {**metrics, "step_in_phase": run.state.step})
+
+
+def _stop_nonfinite(run: Run, count: int) -> None:
+    saved = save(run)
+    scaler = run.step.scaler
+    raise UserError(
+        f"{count} non-finite gradient steps in a row at step {run.state.step} ({run.precision}"
+        f"{f', loss scale {scaler.get_scale():g}' if scaler.is_enabled() else ''}); the last good state is "
+        f"saved in {saved.path if saved else run.ckpt_root}. Lower optim.lr, use train.precision=bf16 "
+        "or fp32, or check the data, then run again with --resume")
+
+
+def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[str, Any]:
+    state = run.state
+    final = ckpt.latest_checkpoint(run.ckpt_root)
     summary = {
         "phase": state.phase, "step": state.step, "global_step": state.phase_offset + state.step,
         "sequences": state.sequences, "tokens": state.tokens, "skipped_steps": state.skipped,
-        "train_time_s": seconds_before + time.perf_counter() - t_start, "precision": precision, "device": str(device),
-        "world_size": info.world_size, "model_preset": cfg.model.preset,
+        "train_time_s": run.train_seconds, "precision": run.precision, "device": str(run.device),
+        "world_size": run.info.world_size, "model_preset": run.cfg.model.preset,
         "final_loss": window.last.get("loss"), "final_mlm_acc": window.last.get("mlm_acc"),
         **{f"final_{k}": v for k, v in eval_metrics.items()},
         "checkpoint": str(final.path) if final else None,
         "model_dir": str(final.model_dir) if final else None,
     }
-    logger.finish(summary, plot=t.plot)
+    run.logger.finish(summary, plot=run.cfg.train.plot)
     return summary
+
+
+def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = None,
+                 _save_hook: Callable[[Path], None] | None = None) -> dict[str, Any]:
+    """One pre-training phase; returns the summary (also written to train.output_dir/summary.json)."""
+    return train(setup(cfg, resume, json_summary, _save_hook))
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -337,6 +383,14 @@ class _Window:
         self.updates = self.skipped = 0
         self.data_wait = 0.0
         self.t0 = time.perf_counter()
+
+    def timed(self, batches: Iterator[dict[str, torch.Tensor]], n: int) -> Iterator[dict[str, torch.Tensor]]:
+        """The next n micro-batches, the time spent waiting for each added to data_wait."""
+        for _ in range(n):
+            t0 = time.perf_counter()
+            batch = next(batches)
+            self.data_wait += time.perf_counter() - t0
+            yield batch
 
     @torch.no_grad()
     def add(self, out, batch: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,86 @@
+"""The Hugging Face baseline, built in one place for every benchmark: `transformers.BertForPreTraining` (SDPA
+attention) with dense MLM labels (-100 off the masked slots) and torch AdamW in a plain loop — the usual way to
+pre-train BERT with Hugging Face (run_mlm.py's model and optimizer without the Trainer).
+
+    model, opt = hf_pretraining(config, device)
+    loss = hf_step(model, opt, batch, device, precision)   # forward, backward, clip 1.0, AdamW step
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bertforge import device as dev
+
+NO_DECAY = ("bias", "LayerNorm.weight")
+
+
+def dense_labels(b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """HF's MLM labels (B, T): the token id at each masked position, -100 elsewhere (slot 0 = empty, never a
+    label). Packed rows are not something HF's model reads; baselines use unpacked batches."""
+    labels = torch.full_like(b["input_ids"], -100)
+    pos, lab = b["masked_positions"], b["masked_labels"]
+    valid = pos > 0
+    rows = torch.arange(pos.shape[0], device=pos.device).unsqueeze(1).expand_as(pos)
+    labels[rows[valid], pos[valid]] = lab[valid]
+    return labels
+
+
+def hf_inputs(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our batch (bertforge.data.loader names) as `BertForPreTraining`'s keyword arguments."""
+    return {"input_ids": b["input_ids"], "token_type_ids": b["token_type_ids"],
+            "attention_mask": (b["attention_mask"] != 0).long(), "labels": dense_labels(b),
+            "next_sentence_label": b["nsp_labels"]}
+
+
+def hf_config(config: Any):
+    import transformers
+
+    return transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
+
+
+def hf_pretraining(config: Any, device: torch.device, lr: float = 1e-4,
+                   weight_decay: float = 0.01) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """`BertForPreTraining` of our config (SDPA) on `device`, in train mode, and its AdamW (no decay on biases and
+    LayerNorm; fused on CUDA, foreach elsewhere: the kernels `bertforge.optim.build_optimizer` picks for ours)."""
+    import transformers
+
+    model = transformers.BertForPreTraining._from_config(hf_config(config), attn_implementation="sdpa")
+    model.to(device).train()
+    groups = [{"params": [p for n, p in model.named_parameters() if not any(k in n for k in NO_DECAY)],
+               "weight_decay": weight_decay},
+              {"params": [p for n, p in model.named_parameters() if any(k in n for k in NO_DECAY)],
+               "weight_decay": 0.0}]
+    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return model, torch.optim.AdamW(groups, lr=lr, **fast)
+
+
+def hf_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+            device: torch.device, precision: str, max_grad_norm: float = 1.0) -> torch.Tensor:
+    """The baseline's training step: forward under autocast, backward, clip, AdamW step. Returns the loss."""
+    x = hf_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+    with dev.autocast(device, precision):
+        loss = model(**x).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+@torch.no_grad()
+def hf_mlm_accuracy(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
+    """Masked-LM accuracy of the baseline at the masked slots of `batches`."""
+    model.eval()
+    ok = n = 0
+    for x in batches:
+        labels = dense_labels(x)
+        logits = model(input_ids=x["input_ids"], token_type_ids=x["token_type_ids"],
+                       attention_mask=(x["attention_mask"] != 0).long()).prediction_logits
+        m = labels != -100
+        ok += int((logits.argmax(-1)[m] == labels[m]).sum())
+        n += int(m.sum())
+    model.train()
+    return ok / max(n, 1)

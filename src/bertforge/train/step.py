@@ -1,0 +1,111 @@
+"""One training step — the only one in bertforge: `bertforge pretrain`'s loop, fine-tuning and every benchmark
+entry that times "our step" call `train_step`.
+
+    step = TrainStep.build(model, optimizer, device, precision, max_grad_norm=1.0, compile=False)
+    result = train_step(step, micro_batches, accum)      # forward, loss, backward x accum; clip; optimizer step
+    if not result.finite: ...                              # non-finite gradients: the update was skipped
+
+A step is `accum` micro-batches: each is moved to the device (non-blocking: pinned batches overlap the copy with
+compute), run under autocast, its loss divided by `accum` and back-propagated (under DDP, `no_sync` on all but
+the last, so gradients are all-reduced once per update). Then the fp16 scaler unscales, the global gradient norm
+is clipped to `max_grad_norm` over all parameters, and one host sync decides: a finite norm steps the optimizer,
+a non-finite one skips it (DESIGN §6) — the scaler lowers its scale either way, and the gradients are cleared.
+
+`compile=True` compiles the forward and loss with torch.compile; AOTAutograd compiles the backward from the same
+graph, so the whole forward-loss-backward is compiled. Static shapes (packed rows, a fixed number of masked
+slots) give one graph; "reduce-overhead" adds CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from bertforge import device as dev
+from bertforge.runtime import distributed as ddp
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class TrainStep:
+    """What one update needs; build it once per run."""
+
+    model: torch.nn.Module
+    """The module the forward calls: the model, or its DDP / compiled wrapper."""
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    """`torch.amp.GradScaler` (enabled for fp16 only; a no-op otherwise)."""
+    device: torch.device
+    precision: str
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0: no clipping, the norm is still computed for the log)."""
+    sync_owner: torch.nn.Module = field(default_factory=torch.nn.Module)
+    """The DDP wrapper whose `no_sync` skips the all-reduce on early micro-batches (any other module: not
+    distributed, nothing to skip)."""
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, precision: str,
+              max_grad_norm: float = 1.0, compile: bool | str = False,
+              ddp: torch.nn.Module | None = None, scaler: Any = None) -> TrainStep:
+        """`model` is the bare module; `ddp` its DistributedDataParallel wrapper when distributed; `compile` True
+        (inductor's default mode) or a torch.compile mode name ("reduce-overhead", "max-autotune"); `scaler` a
+        (restored) grad scaler, else a fresh one for the precision."""
+        runner = ddp if ddp is not None else model
+        if compile:
+            runner = torch.compile(runner, mode=compile if isinstance(compile, str) else None)
+        scaler = scaler if scaler is not None else dev.grad_scaler(device, precision)
+        return cls(runner, optimizer, scaler, device, precision, max_grad_norm,
+                   sync_owner=ddp if ddp is not None else model, params=[p for p in model.parameters() if p.requires_grad])
+
+
+@dataclass
+class StepResult:
+    finite: bool
+    """False: the gradients were not finite and the update was skipped."""
+    grad_norm: torch.Tensor
+    """Global gradient norm before clipping (0-dim, on the device)."""
+    loss: torch.Tensor
+    """The weighted loss summed over the micro-batches, i.e. their mean by default (0-dim, detached, on the
+    device)."""
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+
+
+def train_step(step: TrainStep, micro_batches: Iterable[Batch], accum: int,
+               observe: Callable[[Any, Batch], None] | None = None,
+               weights: Sequence[float] | None = None) -> StepResult:
+    """One optimizer update over `accum` micro-batches (see the module docstring). `observe(output, batch)` sees
+    each micro-batch's model output and device batch (the loop's metric sums); it must not sync the host.
+    `weights`: each micro-batch's loss weight (default 1/accum each; fine-tuning weights a short last micro-batch
+    by its share of the rows)."""
+    loss_sum = torch.zeros((), device=step.device, dtype=torch.float32)
+    for i, batch in enumerate(micro_batches):
+        batch = to_device(batch, step.device)
+        with ddp.maybe_no_sync(step.sync_owner, i < accum - 1), dev.autocast(step.device, step.precision):
+            out = step.model(**batch)
+            loss = out.loss * (weights[i] if weights is not None else 1.0 / accum)
+        step.scaler.scale(loss).backward()
+        loss_sum += loss.detach().float()
+        if observe is not None:
+            observe(out, batch)
+    step.scaler.unscale_(step.optimizer)
+    max_norm = step.max_grad_norm if step.max_grad_norm > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(step.params, max_norm, foreach=True)
+    finite = bool(torch.isfinite(grad_norm).item())  # the one host sync per update
+    if finite:
+        step.scaler.step(step.optimizer)
+    step.scaler.update()
+    step.optimizer.zero_grad(set_to_none=True)
+    return StepResult(finite, grad_norm.detach(), loss_sum)
