@@ -107,6 +107,13 @@ class TrainConfig:
     """Compile the training step's forward and backward with torch.compile."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass to save activation memory."""
+    fp8: bool = False
+    """FP8 matmuls (torchao float8, tensorwise scaling) in the encoder's linears, on GPUs with FP8 tensor cores
+    (H100, Ada); train.precision stays bf16 for the rest. Off by default (see docs/pretraining.md)."""
+    fp8_fallback_after: int = 3
+    """Leave FP8 for bf16 after this many non-finite steps in a row (each is skipped and counted)."""
+    fp8_emulate: bool = False
+    """Run FP8's casts in plain PyTorch (tests on machines without FP8 tensor cores; slow, no speed-up)."""
     tensorboard: bool = True
     """Write TensorBoard scalars to output_dir/tensorboard."""
     plot: bool = True
@@ -115,7 +122,8 @@ class TrainConfig:
     """Stop after this many non-finite steps in a row."""
 
     def validate(self) -> None:
-        for name in ("global_batch_size", "micro_batch_size", "log_every", "eval_every", "max_nonfinite_steps"):
+        for name in ("global_batch_size", "micro_batch_size", "log_every", "eval_every", "max_nonfinite_steps",
+                     "fp8_fallback_after"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_steps < 0:
@@ -124,6 +132,8 @@ class TrainConfig:
             raise ConfigError(f"train.precision must be {', '.join(PRECISIONS)}, not {self.precision!r}")
         if self.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"train.attention must be {', '.join(ATTENTION_KERNELS)}, not {self.attention!r}")
+        if self.fp8 and self.precision not in ("auto", "bf16"):
+            raise ConfigError(f"train.fp8 runs the other ops in bf16; set train.precision=bf16, not {self.precision}")
         if self.global_batch_size % self.micro_batch_size:
             raise ConfigError(
                 f"train.global_batch_size {self.global_batch_size} is not a multiple of train.micro_batch_size "

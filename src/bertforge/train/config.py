@@ -47,7 +47,7 @@ class PretrainTrainConfig(TrainConfig):
     """The pre-training run: the shared `train` keys plus checkpoints, time-limited jobs and phases."""
 
     save_every: int = 200
-    """Write a checkpoint every N optimizer steps (and at the end)."""
+    """Write a checkpoint every N optimizer steps (and at the end); 0: never (benchmarks and smoke tests)."""
     keep_last: int = 3
     """Keep the newest K checkpoints."""
     stop_after_steps: int = 0
@@ -59,7 +59,9 @@ class PretrainTrainConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        for name in ("max_steps", "save_every", "keep_last"):
+        if self.save_every < 0:
+            raise ConfigError(f"train.save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
+        for name in ("max_steps", "keep_last"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -30,6 +30,7 @@ from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.train import checkpoint as ckpt
 from bertforge.runtime import distributed as ddp
+from bertforge.runtime import fp8
 from bertforge.train.config import PretrainConfig
 from bertforge.train.step import TrainStep, set_lr, to_device, train_step
 from bertforge.runtime.metrics import MetricsLogger
@@ -145,6 +146,10 @@ class Run:
     ckpt_root: Path
     seconds_before: float = 0.0
     t_start: float = 0.0
+    t_created: float = field(default_factory=time.perf_counter)
+    """When set-up began: the first step's end minus this is the time to the first step (compile included)."""
+    first_step_s: float | None = None
+    fp8_guard: fp8.Fp8Guard | None = None
     save_hook: Callable[[Path], None] | None = None
 
     @property
@@ -199,6 +204,7 @@ def restore(cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer
 def setup(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = None,
           save_hook: Callable[[Path], None] | None = None) -> Run:
     """Device, model, optimizer, restored state, the compiled step, the data and the logger."""
+    t_created = time.perf_counter()
     t, o, d = cfg.train, cfg.optim, cfg.data
     info, device = ddp.init_distributed(t.device)
     precision = dev.resolve_precision(t.precision, device)
@@ -206,6 +212,7 @@ def setup(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = 
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
     model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size))
     model.to(device)
+    guard = _enter_fp8(cfg, model, device, precision, info)
     optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type)
     scaler = dev.grad_scaler(device, precision)
     ckpt_root = Path(t.output_dir) / "checkpoints"
@@ -222,9 +229,34 @@ def setup(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = 
     logger = MetricsLogger(Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard,
                            resume=resumed)
     run = Run(cfg, info, device, precision, model, bert_cfg, vocab_size, vocab_file, step, loader, logger, state,
-              resumed, ckpt_root, seconds_before=state.train_seconds, save_hook=save_hook)
+              resumed, ckpt_root, seconds_before=state.train_seconds, t_created=t_created, fp8_guard=guard,
+              save_hook=save_hook)
     _announce(run)
     return run
+
+
+def _enter_fp8(cfg: PretrainConfig, model: torch.nn.Module, device: torch.device, precision: str,
+               info: ddp.DistInfo) -> fp8.Fp8Guard | None:
+    t = cfg.train
+    if not t.fp8:
+        return None
+    if not (t.fp8_emulate or fp8.fp8_usable(device)):
+        raise UserError(f"train.fp8 needs a GPU with FP8 tensor cores (H100, Ada) and torchao installed "
+                        f"(pip install torchao); {device} has none here. Set train.fp8=false")
+    if precision != "bf16":
+        raise UserError(f"train.fp8 runs the other ops in bf16, but {device} resolved precision {precision}; "
+                        "set train.precision=bf16 or train.fp8=false")
+    n = fp8.convert(model, emulate=t.fp8_emulate)
+    _log0(info, f"fp8: {n} linear layers in float8 (tensorwise scaling); back to bf16 after "
+                f"{t.fp8_fallback_after} non-finite steps in a row")
+    return fp8.Fp8Guard(t.fp8_fallback_after)
+
+
+def _leave_fp8(run: Run) -> None:
+    n = fp8.revert(run.model)
+    run.logger.log(run.state.phase_offset + run.state.step, {"fp8_fallback": 1.0})
+    _log0(run.info, f"fp8: {run.fp8_guard.fallback_after if run.fp8_guard else '?'} non-finite steps in a row; "
+                    f"{n} layers back to bf16 for the rest of the run")
 
 
 def _announce(run: Run) -> None:
@@ -284,6 +316,11 @@ def train(run: Run) -> dict[str, Any]:
         set_lr(run.step.optimizer, lr)
         result = train_step(run.step, window.timed(batches, run.loader.accum), run.loader.accum, window.add)
         state.batches += 1
+        if run.fp8_guard is not None and run.fp8_guard.observe(result.finite):
+            _leave_fp8(run)
+        if run.first_step_s is None:  # train_step synced the host: the device has finished the step
+            run.first_step_s = time.perf_counter() - run.t_created
+            _log0(run.info, f"first step done {run.first_step_s:.1f}s after set-up began (compile included)")
         if result.finite:
             state.step += 1
             nonfinite_run = 0
@@ -303,11 +340,11 @@ def train(run: Run) -> dict[str, Any]:
             eval_metrics = evaluate_run(run)
             run.logger.log(state.phase_offset + state.step, eval_metrics)
             last_eval = state.step
-        if state.step % t.save_every == 0 or state.step == t.max_steps:
+        if t.save_every and (state.step % t.save_every == 0 or state.step == t.max_steps):
             save(run)
             last_saved = state.step
         window.t0 += time.perf_counter() - t_pause
-    if last_saved != state.step:
+    if t.save_every and last_saved != state.step:
         save(run)
     if run.cfg.data.eval_dir and last_eval != state.step:
         eval_metrics = evaluate_run(run)
@@ -316,7 +353,9 @@ def train(run: Run) -> dict[str, Any]:
 
 def _log_window(run: Run, window: _Window, lr: float) -> None:
     metrics = window.flush(run.info, run.cfg.train.global_batch_size, lr, run.state)
-    metrics["mfu"] = _mfu(run.bert_cfg, run.loader, metrics["rows_per_s"], run.device, run.precision, run.info)
+    metrics["mfu"] = _mfu(run.bert_cfg, metrics, run.device, run.precision, run.info)
+    if run.device.type != "cpu":
+        metrics["peak_mem_gb"] = dev.max_memory_allocated(run.device) / 2**30
     run.logger.log(run.state.phase_offset + run.state.step, {**metrics, "step_in_phase": run.state.step})
 
 
@@ -336,7 +375,7 @@ def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[s
     summary = {
         "phase": state.phase, "step": state.step, "global_step": state.phase_offset + state.step,
         "sequences": state.sequences, "tokens": state.tokens, "skipped_steps": state.skipped,
-        "train_time_s": run.train_seconds, "precision": run.precision, "device": str(run.device),
+        "train_time_s": run.train_seconds, "first_step_s": run.first_step_s, "precision": run.precision, "device": str(run.device),
         "world_size": run.info.world_size, "model_preset": run.cfg.model.preset,
         "final_loss": window.last.get("loss"), "final_mlm_acc": window.last.get("mlm_acc"),
         **{f"final_{k}": v for k, v in eval_metrics.items()},
@@ -416,6 +455,7 @@ class _Window:
             "loss": s[0] / max(s[1], 1), "mlm_acc": s[2] / max(s[3], 1), "nsp_acc": s[4] / max(s[5], 1),
             "lr": lr, "grad_norm": s[9] / info.world_size / max(self.updates, 1),
             "seq_per_s": s[6] / elapsed, "tokens_per_s": s[7] / elapsed, "rows_per_s": s[8] / elapsed,
+            "masked_per_seq": s[3] / max(s[6], 1),
             "data_wait": s[10] / info.world_size / elapsed, "skipped": state.skipped,
             "sequences": state.sequences,
         }
@@ -424,23 +464,15 @@ class _Window:
         return metrics
 
 
-def _mfu(bert_cfg, loader: PretrainLoader, rows_per_s: float, device: torch.device, precision: str,
-         info: ddp.DistInfo) -> float | None:
-    """Model FLOPs utilisation: training FLOPs per row (3 x forward) x rows/s over the measured matmul peak."""
-    try:
-        from bertforge.model.flops import flops_per_sequence
-    except ImportError:
-        return None
-    seq_len = _seq_len(loader)
-    flops = flops_per_sequence(bert_cfg, seq_len, loader.spec.max_pred, task="pretraining", training=True)
-    return flops * rows_per_s / (dev.peak_flops(device, precision) * info.world_size)
+def _mfu(bert_cfg, metrics: dict[str, float], device: torch.device, precision: str, info: ddp.DistInfo) -> float:
+    """Model FLOPs utilisation over real tokens: the training FLOPs of sequences of the window's mean real length
+    and masked count (no credit for padding) x sequences/s, over the measured matmul peak of every rank."""
+    from bertforge.model.flops import flops_per_sequence
 
-
-def _seq_len(loader: PretrainLoader) -> int:
-    import h5py
-
-    with h5py.File(loader.spec.files[0], "r") as h:
-        return int(h["input_ids"].shape[1])
+    seqs = max(metrics["seq_per_s"], 1e-9)
+    flops = flops_per_sequence(bert_cfg, metrics["tokens_per_s"] / seqs, metrics["masked_per_seq"],
+                               task="pretraining", training=True)
+    return flops * metrics["seq_per_s"] / (dev.peak_flops(device, precision) * info.world_size)
 
 
 def _load_weights(model: torch.nn.Module, model_dir: Path) -> None:

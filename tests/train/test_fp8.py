@@ -1,0 +1,78 @@
+"""FP8 (torchao float8, emulated on the CPU): conversion keeps Parameters and state_dict keys, the converted
+model tracks the bf16 one, `revert` restores plain linears, and the guard falls back once after N in a row."""
+
+import pytest
+import torch
+
+from bertforge.model import BertConfig, build_model
+from bertforge.runtime import fp8
+
+pytest.importorskip("torchao.float8")
+
+
+def _model():
+    torch.manual_seed(0)
+    cfg = BertConfig.from_preset("mini", vocab_size=512, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return build_model(cfg, "pretraining", attention="eager")
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 512, (4, 32), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
+            "masked_positions": torch.tensor([[1, 5, 9]] * 4), "masked_labels": torch.randint(5, 512, (4, 3), generator=g),
+            "nsp_labels": torch.tensor([0, 1, 0, 1])}
+
+
+def test_convert_keeps_parameters_and_tracks_the_reference():
+    model = _model()
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    params = [id(p) for p in model.parameters()]
+    with torch.no_grad():
+        want = model(**_batch()).loss
+    n = fp8.convert(model, emulate=True)
+    assert n == 4 * 4 + 2  # qkv, attention out, intermediate, output per layer (4 layers); pooler, MLM transform
+    assert [id(p) for p in model.parameters()] == params and model.state_dict().keys() == ref.keys()
+    assert not any("seq_relationship" in name and type(m).__name__ == "Float8Linear" for name, m in model.named_modules())
+    out = model(**_batch())
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and abs(out.loss.item() - want.item()) < 0.05 * want.item()
+    assert fp8.revert(model) == n
+    assert not any(type(m).__name__ == "Float8Linear" for m in model.modules())
+    assert [id(p) for p in model.parameters()] == params
+    with torch.no_grad():
+        assert torch.allclose(model(**_batch()).loss, want)
+
+
+def test_guard_falls_back_once_after_n_in_a_row():
+    g = fp8.Fp8Guard(fallback_after=3)
+    assert [g.observe(f) for f in (False, False, True, False, False)] == [False] * 5
+    assert g.observe(False) is True and g.observe(False) is False and not g.active
+
+
+def test_loop_trains_in_fp8_and_falls_back(shards, tmp_path, overrides, monkeypatch):
+    """`train.fp8` in the real loop (emulated casts on the CPU): it trains, and when the guard fires the model
+    is back on plain linears for the rest of the run, with the fallback logged."""
+    from bertforge import config as C
+    from bertforge.runtime.metrics import read_jsonl
+    from bertforge.train import loop
+
+    fired = iter([False, True])
+    monkeypatch.setattr(fp8.Fp8Guard, "observe", lambda self, finite: next(fired, False))
+    seen = {}
+    real_setup = loop.setup
+
+    def setup(*a, **k):
+        run = real_setup(*a, **k)
+        seen["run"] = run
+        seen["converted"] = sum(type(m).__name__ == "Float8Linear" for m in run.model.modules())
+        return run
+
+    monkeypatch.setattr(loop, "setup", setup)
+    cfg = C.load_config("pretrain", "demo_tiny_128", overrides(shards, tmp_path / "run", **{
+        "model.preset": "mini", "train.fp8": True, "train.fp8_emulate": True, "train.precision": "bf16",
+        "train.max_steps": 3}))
+    summary = loop.run_pretrain(cfg)
+    assert seen["converted"] == 18 and summary["step"] == 3
+    assert not any(type(m).__name__ == "Float8Linear" for m in seen["run"].model.modules())
+    assert any(r.get("fp8_fallback") == 1.0 for r in read_jsonl(tmp_path / "run" / "metrics.jsonl"))
