@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-slow install clean bench
+.PHONY: demo test test-slow lint format install clean bench
 
 install: $(STAMP)
 
@@ -29,6 +29,20 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Static checks, configured in pyproject.toml; CI (.ci/run) runs them before the tests. All three run even
+# when one fails, and the target fails if any did.
+lint: $(STAMP)
+	@status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/ruff format --check . || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	exit $$status
+
+# Apply the formatter and the safe lint fixes in place.
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow

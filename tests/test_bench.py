@@ -45,8 +45,24 @@ def test_run_spec_repeats_and_ratios(spec):
 
 def test_cli_only_and_outputs(spec, tmp_path, capsys):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
-    assert main(["bench", "--spec", str(spec), "--only", "short", "--json", str(out_json), "--md", str(out_md),
-                 "--repeat", "1"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--spec",
+                str(spec),
+                "--only",
+                "short",
+                "--json",
+                str(out_json),
+                "--md",
+                str(out_md),
+                "--repeat",
+                "1",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out_json.read_text())
     assert [r["name"] for r in report["results"]] == ["short"]
     assert report["ratios"] == []  # a ratio needs both sides measured in this run
@@ -79,8 +95,10 @@ def test_accel_callables_run_on_cpu():
 
 def test_a_failing_benchmark_is_reported_and_the_rest_still_run(tmp_path):
     p = tmp_path / "spec.yml"
-    p.write_text("repeat: 1\nwarmup: 0\nbenchmarks:\n  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {nope: 1}}\n"
-                 "  - {name: good, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.0}}\n")
+    p.write_text(
+        "repeat: 1\nwarmup: 0\nbenchmarks:\n  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {nope: 1}}\n"
+        "  - {name: good, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.0}}\n"
+    )
     report = harness.run_spec(harness.load_spec(str(p)), progress=lambda s: None)
     bad, good = report["results"]
     assert "TypeError" in bad["error"] and bad["metrics"] == {}
@@ -102,18 +120,21 @@ def test_interleave_runs_rounds_and_pairs_ratios(spec):
 
 def test_concurrent_runs_each_benchmark_in_its_own_process_at_once(tmp_path):
     p = tmp_path / "spec.yml"
-    p.write_text("repeat: 1\nwarmup: 0\nconcurrent: true\nbenchmarks:\n"
-                 "  - {name: a, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 3.0}}\n"
-                 "  - {name: b, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 3.0}}\n"
-                 "  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {nope: 1}}\n"
-                 "ratios:\n  - {name: a_vs_b, num: a, den: b, metric: slept_s}\n")
+    p.write_text(
+        "repeat: 1\nwarmup: 0\nconcurrent: true\nbenchmarks:\n"
+        "  - {name: a, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 3.0}}\n"
+        "  - {name: b, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 3.0}}\n"
+        "  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {nope: 1}}\n"
+        "ratios:\n  - {name: a_vs_b, num: a, den: b, metric: slept_s}\n"
+    )
     spec = harness.load_spec(str(p))
     report = harness.run_spec(spec, progress=lambda s: None)
     a, b, bad = report["results"]
     assert a["concurrent"] and a["metrics"]["slept_s"]["median"] == 3.0
     # the two 3-second sleeps overlapped in time: each started before the other ended
-    assert max(a["samples"]["started_at"][0], b["samples"]["started_at"][0]) < \
-        min(a["samples"]["ended_at"][0], b["samples"]["ended_at"][0])
+    assert max(a["samples"]["started_at"][0], b["samples"]["started_at"][0]) < min(
+        a["samples"]["ended_at"][0], b["samples"]["ended_at"][0]
+    )
     assert "TypeError" in bad["error"] and bad["metrics"] == {}
     assert report["ratios"][0]["value"] == 1.0
     with pytest.raises(UserError, match="interleaved or concurrent"):
@@ -123,9 +144,11 @@ def test_concurrent_runs_each_benchmark_in_its_own_process_at_once(tmp_path):
 def test_a_concurrent_benchmark_whose_process_is_killed_fails_alone(tmp_path):
     """One entry's process killed (as by the OOM killer) fails that entry only; the other's result still arrives."""
     p = tmp_path / "spec.yml"
-    p.write_text("repeat: 1\nwarmup: 0\nconcurrent: true\nbenchmarks:\n"
-                 "  - {name: killed, fn: 'bertforge.bench.selftest:die', params: {}}\n"
-                 "  - {name: ok, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 2.0}}\n")
+    p.write_text(
+        "repeat: 1\nwarmup: 0\nconcurrent: true\nbenchmarks:\n"
+        "  - {name: killed, fn: 'bertforge.bench.selftest:die', params: {}}\n"
+        "  - {name: ok, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 2.0}}\n"
+    )
     killed, ok = harness.run_spec(harness.load_spec(str(p)), progress=lambda s: None)["results"]
     assert "killed by signal 9" in killed["error"] and "out-of-memory" in killed["error"]
     assert killed["metrics"] == {}
@@ -136,16 +159,27 @@ def test_time_to_accuracy_read_off_curves(tmp_path):
     from bertforge.bench.pretrain import tta_from_curves
 
     curve = tmp_path / "c.jsonl"
-    rows = [("hf", 100, 20, 0.05), ("hf", 200, 40, 0.09), ("hf", 300, 60, 0.08), ("hf", 400, 80, 0.10),
-            ("ours", 30, 20, 0.07), ("ours", 60, 40, 0.11), ("ours", 90, 60, 0.12)]
+    rows = [
+        ("hf", 100, 20, 0.05),
+        ("hf", 200, 40, 0.09),
+        ("hf", 300, 60, 0.08),
+        ("hf", 400, 80, 0.10),
+        ("ours", 30, 20, 0.07),
+        ("ours", 60, 40, 0.11),
+        ("ours", 90, 60, 0.12),
+    ]
     curve.write_text("".join(json.dumps({"impl": i, "train_s": t, "step": s, "acc": a}) + "\n" for i, t, s, a in rows))
     out = tta_from_curves(str(curve))
     assert out["target"] == 0.10 and out["hf_seconds"] == 400 and out["ours_seconds"] == 60
     assert out["hf_over_ours"] == pytest.approx(400 / 60) and out["ours_steps"] == 40
     at = tta_from_curves(str(curve), at_seconds=250)  # the baseline's accuracy at 250 s: 0.09, first hit at 200 s
     assert at["target"] == 0.09 and at["hf_seconds"] == 200 and at["ours_seconds"] == 60
-    curve.write_text(json.dumps({"impl": "hf", "train_s": 1, "step": 1, "acc": 0.5}) + "\n"
-                     + json.dumps({"impl": "ours", "train_s": 1, "step": 1, "acc": 0.1}) + "\n")
+    curve.write_text(
+        json.dumps({"impl": "hf", "train_s": 1, "step": 1, "acc": 0.5})
+        + "\n"
+        + json.dumps({"impl": "ours", "train_s": 1, "step": 1, "acc": 0.1})
+        + "\n"
+    )
     assert tta_from_curves(str(curve))["ours_seconds"] == float("inf")
     from bertforge.bench.pretrain import plot_curves
 

@@ -20,8 +20,9 @@ import sys
 import textwrap
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, TypeGuard
 
 import yaml
 
@@ -248,13 +249,18 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _is_section(tp: Any) -> TypeGuard[type]:
+    """A field type that is a nested config class (a dataclass class, never an instance)."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     tp, optional = _strip_optional(tp)
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "~")):
         if optional:
             return None
         raise ConfigError(f"{key}: a value is required (got null)")
-    if dataclasses.is_dataclass(tp):
+    if _is_section(tp):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return _build(tp, value, key + ".")
@@ -331,11 +337,11 @@ def _set_path(data: dict[str, Any], cls: type, dotted: str, raw: str) -> None:
             )
         tp, _ = _strip_optional(typing.get_type_hints(node_cls)[part])
         if i == len(parts) - 1:
-            if dataclasses.is_dataclass(tp):
+            if _is_section(tp):
                 raise ConfigError(f"--set {dotted}: {prefix + part!r} is a section; set one of its keys")
             node[part] = yaml.safe_load(raw) if raw.strip() else ""
             return
-        if not dataclasses.is_dataclass(tp):
+        if not _is_section(tp):
             raise ConfigError(f"--set {dotted}: {prefix + part!r} is a value, not a section")
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
@@ -375,12 +381,15 @@ def _move_renamed(data: dict[str, Any], cls: type, where: str) -> None:
         if new_leaf in target:
             raise ConfigError(f"{where}: both {old} (old name) and {new} are set; keep {new}")
         target[new_leaf] = value
-        print(f"bertforge: config key {old} is now {new}{f' ({where})' if where else ''}; please rename it",
-              file=sys.stderr)
+        print(
+            f"bertforge: config key {old} is now {new}{f' ({where})' if where else ''}; please rename it",
+            file=sys.stderr,
+        )
 
 
-def build_config(cls: type, data: Mapping[str, Any] | None = None, overrides: Sequence[str] = (),
-                 where: str = "") -> Any:
+def build_config(
+    cls: type, data: Mapping[str, Any] | None = None, overrides: Sequence[str] = (), where: str = ""
+) -> Any:
     """Build and validate a config of class `cls` from a raw mapping plus `key=value` overrides."""
     data = _deep_copy(data or {})
     _move_renamed(data, cls, where)
@@ -437,10 +446,13 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         tp, _ = _strip_optional(hints[f.name])
-        if dataclasses.is_dataclass(tp):
+        if _is_section(tp):
             rows += describe(tp, prefix + f.name + ".")
         else:
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else "")  # type: ignore[misc]
+            default: Any = ""
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
             rows.append((prefix + f.name, repr(default), docs.get(f.name, "")))
     return rows

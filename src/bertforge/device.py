@@ -16,9 +16,10 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -35,7 +36,8 @@ def _hpu_available() -> bool:
         import habana_frameworks.torch.core  # noqa: F401  (registers the hpu device)
     except ImportError:
         return False
-    return bool(getattr(torch, "hpu", None) and torch.hpu.is_available())
+    hpu = getattr(torch, "hpu", None)  # torch.hpu exists only once habana_frameworks has registered it
+    return bool(hpu is not None and hpu.is_available())
 
 
 def is_available(device_type: str) -> bool:
@@ -325,13 +327,15 @@ def available_devices() -> list[dict[str, Any]]:
     for kind in DEVICE_TYPES:
         for i in range(device_count(kind)):
             dev = torch.device(kind) if kind in ("cpu", "mps") else torch.device(kind, i)
-            out.append({
-                "device": str(dev),
-                "name": device_name(dev),
-                "bf16": supports(dev, "bf16"),
-                "fp16": supports(dev, "fp16"),
-                "memory_gb": _memory_gb(dev),
-            })
+            out.append(
+                {
+                    "device": str(dev),
+                    "name": device_name(dev),
+                    "bf16": supports(dev, "bf16"),
+                    "fp16": supports(dev, "fp16"),
+                    "memory_gb": _memory_gb(dev),
+                }
+            )
     return out
 
 

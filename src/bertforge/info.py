@@ -11,14 +11,17 @@ from typing import Any
 
 def info_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--device", default="auto", help="device whose matmul peak to measure: auto|cpu|cuda[:N]|xpu|hpu|mps")
+    p.add_argument(
+        "--device", default="auto", help="device whose matmul peak to measure: auto|cpu|cuda[:N]|xpu|hpu|mps"
+    )
     p.add_argument("--refresh", action="store_true", help="measure the matmul peak again instead of using the cache")
 
 
 def collect(device_spec: str = "auto", refresh: bool = False) -> dict[str, Any]:
     import torch
 
-    from bertforge import __version__, device as dev
+    from bertforge import __version__
+    from bertforge import device as dev
 
     device = dev.resolve_device(device_spec)
     peak = dev.matmul_peak(device, refresh=refresh)
@@ -56,12 +59,15 @@ def info_run(args: argparse.Namespace) -> int:
     print("devices:")
     for d in data["devices"]:
         mem = f", {d['memory_gb']} GiB" if d["memory_gb"] else ""
-        print(f"  {d['device']:<8} {d['name']}{mem} | bf16 {'yes' if d['bf16'] else 'no'} | fp16 {'yes' if d['fp16'] else 'no'}")
+        bf16, fp16 = ("yes" if d[k] else "no" for k in ("bf16", "fp16"))
+        print(f"  {d['device']:<8} {d['name']}{mem} | bf16 {bf16} | fp16 {fp16}")
     pk = data["matmul_peak_gflops"]
     fmt = lambda v: "n/a" if v is None else f"{v:,.0f} GFLOP/s"  # noqa: E731
     print(f"chosen    {data['chosen_device']} (auto precision: {data['auto_precision']})")
-    print(f"matmul peak on {pk['device']} ({pk['size']}x{pk['size']}, {pk['threads']} threads): "
-          f"fp32 {fmt(pk['fp32'])} | bf16 {fmt(pk['bf16'])} | fp16 {fmt(pk['fp16'])}")
+    print(
+        f"matmul peak on {pk['device']} ({pk['size']}x{pk['size']}, {pk['threads']} threads): "
+        f"fp32 {fmt(pk['fp32'])} | bf16 {fmt(pk['bf16'])} | fp16 {fmt(pk['fp16'])}"
+    )
     if not pk["bf16_native"]:
         print("bf16 is emulated on this device (no AVX-512 BF16/AMX): fp32 is the fast path here")
     print("(the MFU that bertforge reports divides by this measured peak)")

@@ -10,14 +10,17 @@ import sklearn.metrics
 from bertforge.finetune import metrics as M
 
 
-@pytest.mark.parametrize("raw, norm", [
-    ("The Eiffel Tower!", "eiffel tower"),
-    ("  an   apple,  a pear ", "apple pear"),
-    ("Theory of the atom", "theory of atom"),  # "the" only as a whole word
-    ("A.B.C.", "abc"),  # punctuation dropped before articles are matched
-    ("a-the an", "athe"),  # "-" is removed first, so "athe" is no longer an article
-    ("Élan — naïve", "élan — naïve"),  # non-ASCII punctuation (em dash) is kept, like the official script
-])
+@pytest.mark.parametrize(
+    "raw, norm",
+    [
+        ("The Eiffel Tower!", "eiffel tower"),
+        ("  an   apple,  a pear ", "apple pear"),
+        ("Theory of the atom", "theory of atom"),  # "the" only as a whole word
+        ("A.B.C.", "abc"),  # punctuation dropped before articles are matched
+        ("a-the an", "athe"),  # "-" is removed first, so "athe" is no longer an article
+        ("Élan — naïve", "élan — naïve"),  # non-ASCII punctuation (em dash) is kept, like the official script
+    ],
+)
 def test_normalize(raw, norm):
     assert M.normalize_answer(raw) == norm
 
@@ -42,11 +45,13 @@ def _dataset(qas):
 
 
 def test_squad_v1_max_over_golds_and_missing():
-    ds = _dataset([
-        {"id": "q1", "answers": [{"text": "Denver Broncos"}, {"text": "Broncos"}]},
-        {"id": "q2", "answers": [{"text": "Santa Clara, California"}, {"text": "Levi's Stadium"}]},
-        {"id": "q3", "answers": [{"text": "gold"}]},
-    ])
+    ds = _dataset(
+        [
+            {"id": "q1", "answers": [{"text": "Denver Broncos"}, {"text": "Broncos"}]},
+            {"id": "q2", "answers": [{"text": "Santa Clara, California"}, {"text": "Levi's Stadium"}]},
+            {"id": "q3", "answers": [{"text": "gold"}]},
+        ]
+    )
     preds = {"q1": "Broncos", "q2": "Santa Clara"}  # q3 missing
     out = M.squad_v1_scores(ds, preds)
     # q1: EM 1 F1 1; q2: EM 0, F1 vs "santa clara california" = 2*1*(2/3)/(5/3) = 0.8; q3: 0
@@ -56,12 +61,14 @@ def test_squad_v1_max_over_golds_and_missing():
 
 
 def test_squad_v2_empty_answers_split_and_threshold():
-    ds = _dataset([
-        {"id": "a", "answers": [{"text": "Paris"}]},
-        {"id": "b", "answers": []},
-        {"id": "c", "answers": []},
-        {"id": "d", "answers": [{"text": "New York City"}]},
-    ])
+    ds = _dataset(
+        [
+            {"id": "a", "answers": [{"text": "Paris"}]},
+            {"id": "b", "answers": []},
+            {"id": "c", "answers": []},
+            {"id": "d", "answers": [{"text": "New York City"}]},
+        ]
+    )
     preds = {"a": "Paris", "b": "", "c": "London", "d": "York"}
     out = M.squad_v2_scores(ds, preds)
     # a: 1/1; b: empty vs empty -> 1/1; c: non-empty vs no-answer -> 0/0; d: EM 0, F1 2*1*(1/2)/(3/2)... gold

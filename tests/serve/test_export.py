@@ -65,8 +65,9 @@ def test_onnx_export_dynamic_axes_and_parity(head_models, tmp_path, task):
 
 
 def test_export_cli(head_models, tmp_path, capsys):
-    assert main(["export", "--model", str(head_models["classify"]), "--format", "onnx", "--out",
-                 str(tmp_path / "o")]) == 0
+    assert (
+        main(["export", "--model", str(head_models["classify"]), "--format", "onnx", "--out", str(tmp_path / "o")]) == 0
+    )
     assert "max |diff|" in capsys.readouterr().out
     assert main(["export", "--model", str(tmp_path / "missing"), "--format", "hf", "--out", str(tmp_path / "h")]) == 2
     assert "config.json" in capsys.readouterr().err

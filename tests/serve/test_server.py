@@ -15,7 +15,6 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,9 +30,11 @@ from bertforge.serve.tasks import Limits, Predictor  # noqa: E402
 TOKEN = "test-token-123"
 MAX_BATCH = 8
 MAX_BYTES = 16384
-CONTEXT = ("The Amazon river flows through Brazil, Peru and Colombia. It carries more water than any other river. "
-           "Its basin covers about seven million square kilometres, and the forest around it is the largest "
-           "tropical rainforest on Earth. ")
+CONTEXT = (
+    "The Amazon river flows through Brazil, Peru and Colombia. It carries more water than any other river. "
+    "Its basin covers about seven million square kilometres, and the forest around it is the largest "
+    "tropical rainforest on Earth. "
+)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -57,8 +58,8 @@ def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
 
 @pytest.fixture(scope="module")
 def server(head_models, tmp_path_factory):
-    from bertforge.serve.server import ensure_libpython
     from bertforge.errors import UserError
+    from bertforge.serve.server import ensure_libpython
 
     try:
         ensure_libpython()
@@ -67,10 +68,32 @@ def server(head_models, tmp_path_factory):
     http, grpc, metrics = _free_ports(3)
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # `serve` must add libpython itself
-    cmd = [sys.executable, "-m", "bertforge", "serve", "--http-port", str(http), "--grpc-port", str(grpc),
-           "--metrics-port", str(metrics), "--max-batch", str(MAX_BATCH), "--max-queue-delay-us", "5000",
-           "--max-request-bytes", str(MAX_BYTES), "--max-seq-len", "128", "--doc-stride", "64",
-           "--access-token", TOKEN, "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bertforge",
+        "serve",
+        "--http-port",
+        str(http),
+        "--grpc-port",
+        str(grpc),
+        "--metrics-port",
+        str(metrics),
+        "--max-batch",
+        str(MAX_BATCH),
+        "--max-queue-delay-us",
+        "5000",
+        "--max-request-bytes",
+        str(MAX_BYTES),
+        "--max-seq-len",
+        "128",
+        "--doc-stride",
+        "64",
+        "--access-token",
+        TOKEN,
+        "--threads",
+        "1",
+    ]
     for task, d in head_models.items():
         cmd += ["--model", str(d), "--task", task]
     with open(log, "wb") as f:
@@ -90,8 +113,14 @@ def server(head_models, tmp_path_factory):
             if time.time() > deadline:
                 pytest.fail(f"bertforge serve not ready after 180 s:\n{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.5)
-        yield {"http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc}", "metrics": f"127.0.0.1:{metrics}",
-               "base": base, "log": log, "proc": proc}
+        yield {
+            "http": f"127.0.0.1:{http}",
+            "grpc": f"127.0.0.1:{grpc}",
+            "metrics": f"127.0.0.1:{metrics}",
+            "base": base,
+            "log": log,
+            "proc": proc,
+        }
     finally:
         proc.terminate()
         try:
@@ -137,15 +166,19 @@ def test_restricted_endpoints_need_the_token(server):
 def test_answers_match_in_process(server, local, protocol):
     long_context = CONTEXT * 6  # several 128-token windows
     with Client(server[protocol], protocol) as c:
-        q = {"question": ["Which countries does the Amazon flow through?", "What covers the basin?"],
-             "context": [CONTEXT, long_context]}
+        q = {
+            "question": ["Which countries does the Amazon flow through?", "What covers the basin?"],
+            "context": [CONTEXT, long_context],
+        }
         got, want = c.infer("qa", **q), local["qa"](q)
         assert got["answer"].tolist() == want["answer"].tolist()
         assert all(a[0].decode() in ctx for a, ctx in zip(got["answer"], q["context"]))
         np.testing.assert_allclose(got["score"], want["score"], atol=1e-4)
 
-        for cl in ({"text": ["a lovely, moving film", "dull"]},
-                   {"text": ["The cat sat.", "It rains."], "text_pair": ["A cat was sitting.", "The sun shines."]}):
+        for cl in (
+            {"text": ["a lovely, moving film", "dull"]},
+            {"text": ["The cat sat.", "It rains."], "text_pair": ["A cat was sitting.", "The sun shines."]},
+        ):
             got, want = c.infer("classify", **cl), local["classify"](cl)
             assert got["label"].tolist() == want["label"].tolist()
             np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-5)
@@ -169,10 +202,18 @@ MALFORMED = {
     "wrong dtype": ("classify", {"text": np.array([[1.0]], np.float32)}, None, ["FP32"]),
     "wrong shape": ("classify", {"text": np.array([[b"a", b"b"]], dtype=object)}, None, ["shape"]),
     "empty string": ("classify", {"text": _bytes_col(b"fine", b"   ")}, None, ["row 1", "empty"]),
-    "non-UTF-8": ("qa", {"question": _bytes_col(b"who?"), "context": _bytes_col(b"caf\xe9 \xff")}, None,
-                  ["context", "UTF-8"]),
-    "1 MB context": ("qa", {"question": _bytes_col(b"what?"), "context": _bytes_col(b"word " * 209716)}, None,
-                     ["bytes", str(MAX_BYTES)]),
+    "non-UTF-8": (
+        "qa",
+        {"question": _bytes_col(b"who?"), "context": _bytes_col(b"caf\xe9 \xff")},
+        None,
+        ["context", "UTF-8"],
+    ),
+    "1 MB context": (
+        "qa",
+        {"question": _bytes_col(b"what?"), "context": _bytes_col(b"word " * 209716)},
+        None,
+        ["bytes", str(MAX_BYTES)],
+    ),
     "batch over the limit": ("classify", {"text": _bytes_col(*[b"x"] * (MAX_BATCH + 1))}, None, ["batch"]),
     "no [MASK]": ("fill_mask", {"text": _bytes_col(b"nothing to fill")}, None, ["[MASK]"]),
     "missing input": ("qa", {"question": _bytes_col(b"who?")}, None, ["context"]),
@@ -195,8 +236,12 @@ def test_malformed_requests_get_errors_and_server_keeps_serving(server, protocol
 
 def test_load_concurrency_8_no_failures(server):
     """64 requests (classify and qa, 1-3 rows each) from 8 threads, loopback, bounded in time."""
-    jobs = [("classify", {"text": [f"sentence number {i}"] * (1 + i % 3)}) if i % 2 else
-            ("qa", {"question": [f"what is {i}?"], "context": [CONTEXT]}) for i in range(64)]
+    jobs = [
+        ("classify", {"text": [f"sentence number {i}"] * (1 + i % 3)})
+        if i % 2
+        else ("qa", {"question": [f"what is {i}?"], "context": [CONTEXT]})
+        for i in range(64)
+    ]
 
     def run(job):
         task, cols = job

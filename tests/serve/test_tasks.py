@@ -120,15 +120,20 @@ def test_limits_and_model_dir_errors(head_models, tmp_path):
         Predictor.from_dir("qa", head_models["classify"])
 
 
+def _recording(forward, shapes):
+    """`forward` that also appends (model rows, longest row) of each call to `shapes`."""
+
+    def spy(rows, types, **kw):
+        shapes.append((len(rows), max(map(len, rows))))
+        return forward(rows, types, **kw)
+
+    return spy
+
+
 def test_warmup_runs_one_full_batch_through_the_request_path(preds):
     for task, p in preds.items():
-        shapes, forward = [], p._forward
-
-        def spy(rows, types, **kw):
-            shapes.append((len(rows), max(map(len, rows))))  # (model rows, longest row)
-            return forward(rows, types, **kw)
-
-        p._forward = spy
+        shapes = []
+        p._forward = _recording(p._forward, shapes)
         try:
             p.warmup(rows=3)
         finally:

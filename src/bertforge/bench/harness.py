@@ -41,8 +41,9 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
 import yaml
 
@@ -98,8 +99,7 @@ def load_spec(name_or_path: str) -> Spec:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise UserError(f"benchmark spec {path} is not valid YAML: {e}") from None
-    unknown = set(raw) - {"title", "repeat", "warmup", "interleave", "concurrent", "benchmarks", "ratios",
-                      "notes"}
+    unknown = set(raw) - {"title", "repeat", "warmup", "interleave", "concurrent", "benchmarks", "ratios", "notes"}
     if unknown:
         raise UserError(f"benchmark spec {path}: unknown top-level keys {sorted(unknown)}")
     repeat, warmup = int(raw.get("repeat", 3)), int(raw.get("warmup", 1))
@@ -107,8 +107,15 @@ def load_spec(name_or_path: str) -> Spec:
     for i, b in enumerate(raw.get("benchmarks") or []):
         if not isinstance(b, dict) or "name" not in b or "fn" not in b:
             raise UserError(f"benchmark spec {path}: benchmarks[{i}] needs a name and an fn (module:function)")
-        benches.append(BenchSpec(b["name"], b["fn"], dict(b.get("params") or {}),
-                                 int(b.get("repeat", repeat)), int(b.get("warmup", warmup))))
+        benches.append(
+            BenchSpec(
+                b["name"],
+                b["fn"],
+                dict(b.get("params") or {}),
+                int(b.get("repeat", repeat)),
+                int(b.get("warmup", warmup)),
+            )
+        )
     names = [b.name for b in benches]
     if len(set(names)) != len(names):
         raise UserError(f"benchmark spec {path}: benchmark names must be unique")
@@ -119,8 +126,14 @@ def load_spec(name_or_path: str) -> Spec:
             if side not in names:
                 raise UserError(f"benchmark spec {path}: ratio {ratio.name!r} names unknown benchmark {side!r}")
         ratios.append(ratio)
-    return Spec(raw.get("title", path.stem), path, benches, ratios, bool(raw.get("interleave", False)),
-                bool(raw.get("concurrent", False)))
+    return Spec(
+        raw.get("title", path.stem),
+        path,
+        benches,
+        ratios,
+        bool(raw.get("interleave", False)),
+        bool(raw.get("concurrent", False)),
+    )
 
 
 def resolve_fn(target: str) -> Callable[..., dict[str, float] | None]:
@@ -173,8 +186,13 @@ class _Runner:
             self.error = f"{type(e).__name__}: {e}"
 
     def result(self) -> dict[str, Any]:
-        out = {"name": self.b.name, "fn": self.b.fn, "params": self.b.params,
-               "metrics": {k: summarise(v) for k, v in self.samples.items()}, "samples": self.samples}
+        out = {
+            "name": self.b.name,
+            "fn": self.b.fn,
+            "params": self.b.params,
+            "metrics": {k: summarise(v) for k, v in self.samples.items()},
+            "samples": self.samples,
+        }
         return {**out, "error": self.error} if self.error else out
 
 
@@ -184,7 +202,8 @@ class SetupCache:
     set up and warm, while a long spec never holds more than a couple of models (base + AdamW ~1.3 GB)."""
 
     def __init__(self, keep: int = 2):
-        self.keep, self.items = keep, {}
+        self.keep = keep
+        self.items: dict[Any, Any] = {}
 
     def get(self, key: Any, build: Callable[[], Any]) -> Any:
         if key in self.items:
@@ -209,8 +228,7 @@ def compute_ratio(r: RatioSpec, results: dict[str, dict[str, Any]]) -> dict[str,
     out = {**dataclasses.asdict(r), "value": value, "met": met}
     if results[r.num].get("interleaved") and results[r.den].get("interleaved"):
         # round i of the numerator ran next to round i of the denominator: their ratio cancels slow drifts
-        pairs = [a / b for a, b in zip(results[r.num]["samples"][r.metric], results[r.den]["samples"][r.metric])
-                 if b]
+        pairs = [a / b for a, b in zip(results[r.num]["samples"][r.metric], results[r.den]["samples"][r.metric]) if b]
         if pairs:
             out["paired"] = summarise(pairs)
     return out
@@ -219,19 +237,31 @@ def compute_ratio(r: RatioSpec, results: dict[str, dict[str, Any]]) -> dict[str,
 def machine() -> dict[str, Any]:
     import torch
 
-    from bertforge import __version__, device as dev
+    from bertforge import __version__
+    from bertforge import device as dev
 
-    return {"cpu": dev.cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "bertforge": __version__, "python": platform.python_version(),
-            "devices": [d["name"] for d in dev.available_devices()]}
+    return {
+        "cpu": dev.cpu_model(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "bertforge": __version__,
+        "python": platform.python_version(),
+        "devices": [d["name"] for d in dev.available_devices()],
+    }
 
 
-def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str], None] = print,
-             interleave: bool | None = None, concurrent: bool | None = None) -> dict[str, Any]:
+def run_spec(
+    spec: Spec,
+    only: list[str] | None = None,
+    progress: Callable[[str], None] = print,
+    interleave: bool | None = None,
+    concurrent: bool | None = None,
+) -> dict[str, Any]:
     selected = [b for b in spec.benchmarks if not only or b.name in only or any(o in b.name for o in only)]
     if only and not selected:
-        raise UserError(f"--only {only}: no benchmark of {spec.path} matches; names: "
-                        f"{', '.join(b.name for b in spec.benchmarks)}")
+        raise UserError(
+            f"--only {only}: no benchmark of {spec.path} matches; names: {', '.join(b.name for b in spec.benchmarks)}"
+        )
     interleave = spec.interleave if interleave is None else interleave
     concurrent = spec.concurrent if concurrent is None else concurrent
     runners = [_Runner(b, progress) for b in selected]
@@ -263,8 +293,14 @@ def run_spec(spec: Spec, only: list[str] | None = None, progress: Callable[[str]
         if concurrent:
             results[r.b.name]["concurrent"] = True
     ratios = [compute_ratio(r, results) for r in spec.ratios if r.num in results and r.den in results]
-    return {"title": spec.title, "spec": str(spec.path), "date": _dt.datetime.now().isoformat(timespec="seconds"),
-            "machine": machine(), "results": list(results.values()), "ratios": ratios}
+    return {
+        "title": spec.title,
+        "spec": str(spec.path),
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "results": list(results.values()),
+        "ratios": ratios,
+    }
 
 
 def _run_concurrent(runners: list[_Runner]) -> None:
@@ -276,7 +312,7 @@ def _run_concurrent(runners: list[_Runner]) -> None:
     import multiprocessing.connection
 
     ctx = multiprocessing.get_context("spawn")
-    pending = {}
+    pending: dict[Any, tuple[_Runner, Any]] = {}  # receiving end -> (runner, its process)
     for r in runners:
         recv, send = ctx.Pipe(duplex=False)
         p = ctx.Process(target=_run_alone, args=(r.b, send), name=f"bench-{r.b.name}")
@@ -284,7 +320,8 @@ def _run_concurrent(runners: list[_Runner]) -> None:
         send.close()  # the child holds the only write end now: its death reads as EOF here
         pending[recv] = (r, p)
     while pending:  # read whichever finishes first, so no child waits on a full pipe before it can exit
-        for recv in multiprocessing.connection.wait(list(pending)):
+        ready = cast(list, multiprocessing.connection.wait(list(pending)))  # some of the connections given
+        for recv in ready:
             r, p = pending.pop(recv)
             with recv:
                 try:
@@ -293,7 +330,7 @@ def _run_concurrent(runners: list[_Runner]) -> None:
                     result = None
             p.join()
             if result is None:
-                code = p.exitcode
+                code = p.exitcode or 0  # set once joined
                 why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
                 hint = " (signal 9: often the out-of-memory killer; see dmesg)" if code == -9 else ""
                 r.error = f"the benchmark's process died: {why}{hint}"
@@ -316,17 +353,27 @@ def _fmt(v: float) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
-    lines = [f"### {report['title']}", "",
-             f"{report['date']} · {m['cpu']} · {m['threads']} threads · torch {m['torch']} · bertforge {m['bertforge']}"
-             f" · devices: {', '.join(m['devices'])}"
-             + (" · concurrent: every benchmark in its own process, at once"
-                if any(r.get("concurrent") for r in report["results"]) else ""), "",
-             "| benchmark | metric | median | min | max | n |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"### {report['title']}",
+        "",
+        f"{report['date']} · {m['cpu']} · {m['threads']} threads · torch {m['torch']} · bertforge {m['bertforge']}"
+        f" · devices: {', '.join(m['devices'])}"
+        + (
+            " · concurrent: every benchmark in its own process, at once"
+            if any(r.get("concurrent") for r in report["results"])
+            else ""
+        ),
+        "",
+        "| benchmark | metric | median | min | max | n |",
+        "|---|---|---|---|---|---|",
+    ]
     for res in report["results"]:
         if res.get("error"):
             lines.append(f"| {res['name']} | **failed** | {res['error'][:120]} | | | |")
         for metric, s in res["metrics"].items():
-            lines.append(f"| {res['name']} | {metric} | {_fmt(s['median'])} | {_fmt(s['min'])} | {_fmt(s['max'])} | {s['n']} |")
+            lines.append(
+                f"| {res['name']} | {metric} | {_fmt(s['median'])} | {_fmt(s['min'])} | {_fmt(s['max'])} | {s['n']} |"
+            )
     if report["ratios"]:
         lines += ["", "| ratio | = | metric | value | target | met |", "|---|---|---|---|---|---|"]
         for r in report["ratios"]:

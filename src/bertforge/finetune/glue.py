@@ -10,8 +10,9 @@ mark at the start of a file (MRPC's train/dev files have one) is dropped.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,11 +57,19 @@ GLUE_TASKS: dict[str, TaskSpec] = {
     "mrpc": TaskSpec("MRPC", (3, 4), 0, ("0", "1"), ("f1", "accuracy")),
     "stsb": TaskSpec("STS-B", (7, 8), -1, None, ("pearson", "spearman")),
     "qqp": TaskSpec("QQP", (3, 4), 5, ("0", "1"), ("f1", "accuracy"), hf_keys=("question1", "question2")),
-    "mnli": TaskSpec("MNLI", (8, 9), -1, ("contradiction", "entailment", "neutral"), ("accuracy",),
-                     dev_files=("dev_matched.tsv", "dev_mismatched.tsv"), hf_keys=("premise", "hypothesis"),
-                     hf_dev_splits=("validation_matched", "validation_mismatched")),
-    "qnli": TaskSpec("QNLI", (1, 2), -1, ("entailment", "not_entailment"), ("accuracy",),
-                     hf_keys=("question", "sentence")),
+    "mnli": TaskSpec(
+        "MNLI",
+        (8, 9),
+        -1,
+        ("contradiction", "entailment", "neutral"),
+        ("accuracy",),
+        dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
+        hf_keys=("premise", "hypothesis"),
+        hf_dev_splits=("validation_matched", "validation_mismatched"),
+    ),
+    "qnli": TaskSpec(
+        "QNLI", (1, 2), -1, ("entailment", "not_entailment"), ("accuracy",), hf_keys=("question", "sentence")
+    ),
     "rte": TaskSpec("RTE", (1, 2), -1, ("entailment", "not_entailment"), ("accuracy",)),
     "wnli": TaskSpec("WNLI", (1, 2), -1, ("0", "1"), ("accuracy",)),
 }
@@ -101,19 +110,23 @@ def read_tsv(path: str | Path, spec: TaskSpec) -> GlueExamples:
             continue
         cols = line.rstrip("\r").split("\t")
         if len(cols) < need:
-            raise UserError(f"{path}:{lineno}: expected at least {need} tab-separated columns for "
-                            f"{spec.dir}, found {len(cols)}")
+            raise UserError(
+                f"{path}:{lineno}: expected at least {need} tab-separated columns for {spec.dir}, found {len(cols)}"
+            )
         raw = cols[spec.label_col].strip()
         if spec.labels is None:
             try:
                 labels.append(float(raw))
             except ValueError:
-                raise UserError(f"{path}:{lineno}: label {raw!r} is not a number ({spec.dir} is a regression "
-                                f"task)") from None
+                raise UserError(
+                    f"{path}:{lineno}: label {raw!r} is not a number ({spec.dir} is a regression task)"
+                ) from None
         else:
             if raw not in spec.labels:
-                raise UserError(f"{path}:{lineno}: label {raw!r} is not one of {', '.join(spec.labels)} "
-                                f"(is this a test file without labels?)")
+                raise UserError(
+                    f"{path}:{lineno}: label {raw!r} is not one of {', '.join(spec.labels)} "
+                    f"(is this a test file without labels?)"
+                )
             labels.append(spec.labels.index(raw))
         texts.append(tuple(cols[c] for c in spec.text_cols))
     return GlueExamples(texts, labels, str(path))
@@ -136,9 +149,11 @@ def load_hf(task: str, split: str, dataset: str = "glue") -> GlueExamples:
     try:
         ds = datasets.load_dataset(dataset, task, split=split)
     except Exception as e:  # offline with nothing cached, unknown name, ...: one line the user can act on
-        raise UserError(f"--dataset {dataset}: cannot load {task}/{split} ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}); when offline, pass --train-file/--dev-file "
-                        f"with glue_data TSV files instead") from None
+        raise UserError(
+            f"--dataset {dataset}: cannot load {task}/{split} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); when offline, pass --train-file/--dev-file "
+            f"with glue_data TSV files instead"
+        ) from None
     texts = [tuple(row[k] for k in spec.hf_keys) for row in ds]
     labels: list[Any]
     if spec.is_regression:
@@ -146,9 +161,17 @@ def load_hf(task: str, split: str, dataset: str = "glue") -> GlueExamples:
     else:
         # HF's ClassLabel order can differ from the TSV label strings (MNLI): map through the label names
         names = ds.features["label"].names
-        ours = {"not_equivalent": "0", "equivalent": "1", "unacceptable": "0", "acceptable": "1",
-                "negative": "0", "positive": "1", "not_duplicate": "0", "duplicate": "1",
-                "not_entailment": "not_entailment"}
+        ours = {
+            "not_equivalent": "0",
+            "equivalent": "1",
+            "unacceptable": "0",
+            "acceptable": "1",
+            "negative": "0",
+            "positive": "1",
+            "not_duplicate": "0",
+            "duplicate": "1",
+            "not_entailment": "not_entailment",
+        }
         mapped = [ours.get(n, n) for n in names]
         if task == "wnli":
             mapped = ["0", "1"]

@@ -21,7 +21,8 @@ from __future__ import annotations
 import collections
 import re
 import string
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -81,8 +82,7 @@ def squad_v1_scores(dataset: list, predictions: Mapping[str, str]) -> dict[str, 
         em += max(exact_match(pred, g) for g in golds)
         f1 += max(f1_v1(pred, g) for g in golds)
     total_safe = max(total, 1)
-    return {"exact_match": 100.0 * em / total_safe, "f1": 100.0 * f1 / total_safe, "total": total,
-            "missing": missing}
+    return {"exact_match": 100.0 * em / total_safe, "f1": 100.0 * f1 / total_safe, "total": total, "missing": missing}
 
 
 def _v2_raw_scores(dataset: list, predictions: Mapping[str, str]) -> tuple[dict, dict, dict]:
@@ -105,8 +105,12 @@ def _v2_raw_scores(dataset: list, predictions: Mapping[str, str]) -> tuple[dict,
     return exact, f1, has_ans
 
 
-def _best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float], na_probs: Mapping[str, float],
-                    has_ans: Mapping[str, bool]) -> tuple[float, float]:
+def _best_threshold(
+    predictions: Mapping[str, str],
+    scores: Mapping[str, float],
+    na_probs: Mapping[str, float],
+    has_ans: Mapping[str, bool],
+) -> tuple[float, float]:
     """`find_best_thresh` of evaluate-v2.0.py: start from "predict no answer everywhere", then admit questions
     in increasing na_prob order and keep the threshold with the best total."""
     score = best = float(sum(1 for v in has_ans.values() if not v))
@@ -124,8 +128,12 @@ def _best_threshold(predictions: Mapping[str, str], scores: Mapping[str, float],
     return 100.0 * best / max(len(scores), 1), best_thresh
 
 
-def squad_v2_scores(dataset: list, predictions: Mapping[str, str], na_probs: Mapping[str, float] | None = None,
-                    na_prob_thresh: float = 1.0) -> dict[str, float]:
+def squad_v2_scores(
+    dataset: list,
+    predictions: Mapping[str, str],
+    na_probs: Mapping[str, float] | None = None,
+    na_prob_thresh: float = 1.0,
+) -> dict[str, float]:
     """The dict `evaluate-v2.0.py` prints: exact, f1, total, HasAns_*, NoAns_*, and with `na_probs` the
     best_exact/best_f1 thresholds. A question counts as "no answer" when na_prob > na_prob_thresh."""
     exact_raw, f1_raw, has_ans = _v2_raw_scores(dataset, predictions)
@@ -193,7 +201,7 @@ def _ranks(x: np.ndarray) -> np.ndarray:
         j = i
         while j + 1 < len(x) and xs[j + 1] == xs[i]:
             j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
         i = j + 1
     return ranks
 

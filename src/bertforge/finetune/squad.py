@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,8 +60,9 @@ def read_squad(path: str | Path) -> tuple[list[SquadExample], list[dict[str, Any
             context = para["context"]
             for qa in para["qas"]:
                 answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
-                examples.append(SquadExample(qa["id"], qa["question"], context, answers,
-                                             bool(qa.get("is_impossible", False))))
+                examples.append(
+                    SquadExample(qa["id"], qa["question"], context, answers, bool(qa.get("is_impossible", False)))
+                )
     return examples, data
 
 
@@ -152,13 +154,25 @@ def _trimmed_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarra
     return out
 
 
-def make_features(examples: Sequence[SquadExample], tokenizer, max_seq_len: int = 384, doc_stride: int = 128,
-                  max_query_len: int = 64, training: bool = False) -> SquadFeatures:
+def make_features(
+    examples: Sequence[SquadExample],
+    tokenizer,
+    max_seq_len: int = 384,
+    doc_stride: int = 128,
+    max_query_len: int = 64,
+    training: bool = False,
+) -> SquadFeatures:
     sp = specials_for(tokenizer)
     contexts = _encode_unique(tokenizer, [e.context for e in examples])
     questions = _encode_unique(tokenizer, [e.question for e in examples])
-    f = SquadFeatures([], [], [], [], [], [], [], [])
-    ex_idx, ctx_off, starts, ends = [], [], [], []
+    input_ids: list[np.ndarray] = []
+    token_type_ids: list[np.ndarray] = []
+    offsets: list[np.ndarray] = []
+    max_context: list[np.ndarray] = []
+    ex_idx: list[int] = []
+    ctx_off: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
     trimmed: dict[str, np.ndarray] = {}
     for i, ex in enumerate(examples):
         q_ids = questions[ex.question].ids[:max_query_len]
@@ -169,8 +183,10 @@ def make_features(examples: Sequence[SquadExample], tokenizer, max_seq_len: int 
         c_offsets = trimmed[ex.context]  # (n_ctx, 2)
         max_ctx = max_seq_len - len(q_ids) - 2 - sp.mid
         if max_ctx <= 0:
-            raise UserError(f"max_seq_len {max_seq_len} leaves no room for the context after a {len(q_ids)}-token "
-                            f"question; raise max_seq_len or lower max_query_len")
+            raise UserError(
+                f"max_seq_len {max_seq_len} leaves no room for the context after a {len(q_ids)}-token "
+                f"question; raise max_seq_len or lower max_query_len"
+            )
         spans = window_starts(len(c_ids), max_ctx, doc_stride)
         flags = max_context_flags(spans)
         tok_start = tok_end = -1
@@ -183,14 +199,14 @@ def make_features(examples: Sequence[SquadExample], tokenizer, max_seq_len: int 
                 tok_start, tok_end = int(inside[0]), int(inside[-1])
         head = [sp.cls, *q_ids] + [sp.sep] * sp.mid
         for (start, length), flag in zip(spans, flags):
-            ids = np.asarray(head + c_ids[start:start + length].tolist() + [sp.sep], dtype=np.int64)
+            ids = np.asarray(head + c_ids[start : start + length].tolist() + [sp.sep], dtype=np.int64)
             types = np.zeros(len(ids), dtype=np.int64)
             if sp.type_ids:
-                types[len(head):] = 1
-            f.input_ids.append(ids)
-            f.token_type_ids.append(types)
-            f.offsets.append(c_offsets[start:start + length])
-            f.max_context.append(flag)
+                types[len(head) :] = 1
+            input_ids.append(ids)
+            token_type_ids.append(types)
+            offsets.append(c_offsets[start : start + length])
+            max_context.append(flag)
             ex_idx.append(i)
             ctx_off.append(len(head))
             s = e = 0
@@ -198,17 +214,28 @@ def make_features(examples: Sequence[SquadExample], tokenizer, max_seq_len: int 
                 s, e = tok_start - start + len(head), tok_end - start + len(head)
             starts.append(s)
             ends.append(e)
-    f.example_index = np.asarray(ex_idx, dtype=np.int64)
-    f.ctx_offset = np.asarray(ctx_off, dtype=np.int64)
-    f.start_positions = np.asarray(starts, dtype=np.int64)
-    f.end_positions = np.asarray(ends, dtype=np.int64)
-    return f
+    return SquadFeatures(
+        input_ids=input_ids,
+        token_type_ids=token_type_ids,
+        example_index=np.asarray(ex_idx, dtype=np.int64),
+        ctx_offset=np.asarray(ctx_off, dtype=np.int64),
+        offsets=offsets,
+        max_context=max_context,
+        start_positions=np.asarray(starts, dtype=np.int64),
+        end_positions=np.asarray(ends, dtype=np.int64),
+    )
 
 
-def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start_logits: Sequence[np.ndarray],
-                end_logits: Sequence[np.ndarray], n_best: int = 20, max_answer_len: int = 30,
-                version_2: bool = False, null_score_diff_threshold: float = 0.0
-                ) -> tuple[dict[str, str], dict[str, list[dict[str, Any]]], dict[str, float]]:
+def postprocess(
+    examples: Sequence[SquadExample],
+    features: SquadFeatures,
+    start_logits: Sequence[np.ndarray],
+    end_logits: Sequence[np.ndarray],
+    n_best: int = 20,
+    max_answer_len: int = 30,
+    version_2: bool = False,
+    null_score_diff_threshold: float = 0.0,
+) -> tuple[dict[str, str], dict[str, list[dict[str, Any]]], dict[str, float]]:
     """(predictions, nbest, null_odds) from per-feature logits (each a (len(feature),) array, in feature order).
 
     null_odds (v2.0) is null score - best span score per question: the `na_probs` the official v2 script's
@@ -228,7 +255,7 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
             null_score = min(null_score, float(s_log[0] + e_log[0]))
             c0 = int(features.ctx_offset[fi])
             n_ctx = len(features.offsets[fi])
-            cs, ce = s_log[c0:c0 + n_ctx], e_log[c0:c0 + n_ctx]  # context part only, (n_ctx,)
+            cs, ce = s_log[c0 : c0 + n_ctx], e_log[c0 : c0 + n_ctx]  # context part only, (n_ctx,)
             k = min(n_best, n_ctx)
             top_s = np.argsort(-cs, kind="stable")[:k]
             top_e = np.argsort(-ce, kind="stable")[:k]
@@ -238,7 +265,8 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
                 off = features.offsets[fi]
                 cands.append((float(cs[a] + ce[b]), float(cs[a]), float(ce[b]), int(off[a, 0]), int(off[b, 1])))
         cands.sort(key=lambda c: -c[0])
-        seen, entries = set(), []
+        seen: set[str] = set()
+        entries: list[dict[str, Any]] = []
         for score, sl, el, c_s, c_e in cands:
             text = ex.context[c_s:c_e]
             if text in seen:  # several windows propose the same span
@@ -248,7 +276,9 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
             if len(entries) >= n_best:
                 break
         if version_2 and null_score < math.inf:
-            entries.append({"text": "", "score": null_score, "start_logit": null_score / 2, "end_logit": null_score / 2})
+            entries.append(
+                {"text": "", "score": null_score, "start_logit": null_score / 2, "end_logit": null_score / 2}
+            )
             entries.sort(key=lambda d: -d["score"])
         if not entries:
             entries = [{"text": "", "score": 0.0, "start_logit": 0.0, "end_logit": 0.0}]

@@ -20,7 +20,8 @@ One step (You et al. 2019, arXiv 1904.00962, as in NVIDIA apex `FusedLAMB` / Dee
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,7 +31,9 @@ from torch import nn
 NO_DECAY_KEYS = ("bias", "gamma", "beta", "LayerNorm", "layer_norm")
 
 
-def param_groups(model: nn.Module, weight_decay: float, no_decay: Sequence[str] = NO_DECAY_KEYS) -> list[dict[str, Any]]:
+def param_groups(
+    model: nn.Module, weight_decay: float, no_decay: Sequence[str] = NO_DECAY_KEYS
+) -> list[dict[str, Any]]:
     """Two optimizer groups by parameter name: decay (wd = weight_decay) and no-decay (wd = 0).
 
     Shared parameters (the MLM decoder tied to the word embeddings) appear once. Frozen parameters
@@ -70,8 +73,9 @@ class Lamb(torch.optim.Optimizer):
     ):
         if lr <= 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"Lamb: invalid lr {lr}, eps {eps} or betas {betas}")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                        step=0)
+        defaults = dict(
+            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm, step=0
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -85,7 +89,7 @@ class Lamb(torch.optim.Optimizer):
         return torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
 
     @torch.no_grad()
-    def step(self, closure=None, grad_norm: torch.Tensor | None = None):  # type: ignore[override]
+    def step(self, closure=None, grad_norm: torch.Tensor | None = None):
         """One update. `grad_norm`: the already computed global gradient norm (saves recomputing it)."""
         loss = None
         if closure is not None:
@@ -114,7 +118,7 @@ class Lamb(torch.optim.Optimizer):
                 exp_avg.append(state["exp_avg"])
                 exp_avg_sq.append(state["exp_avg_sq"])
             if clip is not None:
-                grads = torch._foreach_mul(grads, clip)
+                grads = list(torch._foreach_mul(grads, clip))
             # m ← β1 m + (1−β1) g ;  v ← β2 v + (1−β2) g²
             torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
             torch._foreach_mul_(exp_avg_sq, beta2)
@@ -135,8 +139,10 @@ class Lamb(torch.optim.Optimizer):
                 u_norm = torch._foreach_norm(update)
                 # trust ratio ‖w‖/‖u‖, 1 where either norm is 0 (NVLAMB); computed on device, no host sync
                 # one pass for −lr·trust (the ratio and the lr are folded into per-tensor scalars first)
-                scale = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) * -group["lr"]
-                         for w, u in zip(w_norm, u_norm)]
+                scale = [
+                    torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) * -group["lr"]
+                    for w, u in zip(w_norm, u_norm)
+                ]
                 torch._foreach_mul_(update, scale)
             else:
                 torch._foreach_mul_(update, -group["lr"])
@@ -148,9 +154,16 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    if p.grad is None:
+        raise ValueError("reference_lamb_step: every parameter it is given needs a gradient")
+    return p.grad
+
+
 @torch.no_grad()
-def reference_lamb_step(group_params: list[list[torch.Tensor]], group_opts: list[dict[str, Any]],
-                        state: dict[int, dict[str, Any]]) -> None:
+def reference_lamb_step(
+    group_params: list[list[torch.Tensor]], group_opts: list[dict[str, Any]], state: dict[int, dict[str, Any]]
+) -> None:
     """The plain per-tensor loop of DESIGN §3.4 (for tests only): one step over all groups, in place.
 
     `group_opts[i]` holds lr, betas, eps, weight_decay, max_grad_norm for group i; `state` maps id(param) to its
@@ -159,13 +172,13 @@ def reference_lamb_step(group_params: list[list[torch.Tensor]], group_opts: list
     max_norm = max(o["max_grad_norm"] for o in group_opts)
     scale = 1.0
     if max_norm > 0:
-        total = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for ps in group_params for p in ps))
+        total = math.sqrt(sum(float((_grad(p).double() ** 2).sum()) for ps in group_params for p in ps))
         scale = max_norm / max(total, max_norm)
     for params, o in zip(group_params, group_opts):
         beta1, beta2 = o["betas"]
         for p in params:
             s = state.setdefault(id(p), {"m": torch.zeros_like(p), "v": torch.zeros_like(p), "t": 0})
-            g = p.grad * scale
+            g = _grad(p) * scale
             s["t"] += 1
             s["m"] = beta1 * s["m"] + (1 - beta1) * g
             s["v"] = beta2 * s["v"] + (1 - beta2) * g * g
@@ -180,8 +193,15 @@ def reference_lamb_step(group_params: list[list[torch.Tensor]], group_opts: list
             p.sub_(o["lr"] * trust * u)
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, betas: tuple[float, float],
-                    eps: float, device_type: str = "cpu") -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float],
+    eps: float,
+    device_type: str = "cpu",
+) -> torch.optim.Optimizer:
     """`lamb` (ours, foreach) or `adamw` (torch's fused kernel on CUDA, foreach elsewhere), no-decay by name.
 
     Gradient clipping is done by the training loop (one global norm for both optimizers), so LAMB's own

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -42,9 +42,14 @@ class DistInfo:
         return self.world_size > 1
 
 
-def _int(env: dict[str, str], key: str, default: int | None = None) -> int | None:
+def _int(env: dict[str, str], key: str, default: int | None = None) -> int:
+    """`env[key]` as an int; `default` when unset or empty. A variable without a default must be set."""
     value = env.get(key)
-    return int(value) if value not in (None, "") else default
+    if value:
+        return int(value)
+    if default is None:
+        raise UserError(f"the launcher set no {key} (or an empty one); set it or launch with torchrun")
+    return default
 
 
 def env_info(env: dict[str, str] | None = None) -> DistInfo:
@@ -52,16 +57,23 @@ def env_info(env: dict[str, str] | None = None) -> DistInfo:
     env = dict(os.environ if env is None else env)
     if "RANK" in env and "WORLD_SIZE" in env:
         world = _int(env, "WORLD_SIZE")
-        return DistInfo(_int(env, "RANK"), world, _int(env, "LOCAL_RANK", 0),
-                        _int(env, "LOCAL_WORLD_SIZE", world), "torchrun")
+        return DistInfo(
+            _int(env, "RANK"), world, _int(env, "LOCAL_RANK", 0), _int(env, "LOCAL_WORLD_SIZE", world), "torchrun"
+        )
     if "OMPI_COMM_WORLD_SIZE" in env:
         world = _int(env, "OMPI_COMM_WORLD_SIZE")
-        return DistInfo(_int(env, "OMPI_COMM_WORLD_RANK"), world, _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
-                        _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world), "mpi")
+        return DistInfo(
+            _int(env, "OMPI_COMM_WORLD_RANK"),
+            world,
+            _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0),
+            _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world),
+            "mpi",
+        )
     if "PMI_SIZE" in env:
         world = _int(env, "PMI_SIZE")
-        return DistInfo(_int(env, "PMI_RANK"), world, _int(env, "MPI_LOCALRANKID", 0),
-                        _int(env, "MPI_LOCALNRANKS", world), "mpi")
+        return DistInfo(
+            _int(env, "PMI_RANK"), world, _int(env, "MPI_LOCALRANKID", 0), _int(env, "MPI_LOCALNRANKS", world), "mpi"
+        )
     if "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", 1) > 1 and "SLURM_STEP_ID" in env:
         world = _int(env, "SLURM_NTASKS")
         per_node = env.get("SLURM_NTASKS_PER_NODE", str(world)).split("(")[0]
@@ -77,13 +89,20 @@ def init_distributed(device_spec: str = "auto", timeout_min: int = 30) -> tuple[
         return info, device
     if info.launcher != "torchrun":
         if "MASTER_ADDR" not in os.environ:
-            raise UserError(f"launched by {info.launcher} with {info.world_size} processes but MASTER_ADDR is not "
-                            "set; export MASTER_ADDR=<first node's address> (and MASTER_PORT) for every process")
+            raise UserError(
+                f"launched by {info.launcher} with {info.world_size} processes but MASTER_ADDR is not "
+                "set; export MASTER_ADDR=<first node's address> (and MASTER_PORT) for every process"
+            )
         os.environ.setdefault("MASTER_PORT", "29500")
         os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank))
     dev.set_device(device)
-    dist.init_process_group(backend=dev.dist_backend(device), init_method="env://", rank=info.rank,
-                            world_size=info.world_size, timeout=datetime.timedelta(minutes=timeout_min))
+    dist.init_process_group(
+        backend=dev.dist_backend(device),
+        init_method="env://",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(minutes=timeout_min),
+    )
     return info, device
 
 

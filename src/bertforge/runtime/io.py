@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def temp_name(path: str | os.PathLike, tag: str = "tmp") -> Path:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,8 +38,20 @@ _FMT = {
     "eval_nsp_acc": ("eval nsp_acc", lambda v: f"{v:.3f}"),
     "eval_loss": ("eval loss", lambda v: f"{v:.4f}"),
 }
-CONSOLE_KEYS = ("loss", "mlm_acc", "nsp_acc", "lr", "grad_norm", "seq_per_s", "mfu", "data_wait", "skipped",
-                "eval_loss", "eval_mlm_acc", "eval_nsp_acc")
+CONSOLE_KEYS = (
+    "loss",
+    "mlm_acc",
+    "nsp_acc",
+    "lr",
+    "grad_norm",
+    "seq_per_s",
+    "mfu",
+    "data_wait",
+    "skipped",
+    "eval_loss",
+    "eval_mlm_acc",
+    "eval_nsp_acc",
+)
 
 
 def _si(v: float) -> str:
@@ -78,9 +89,16 @@ def _clean(v: Any) -> Any:
 class MetricsLogger:
     """Writes one record per logged step to every sink; does nothing on ranks other than 0."""
 
-    def __init__(self, output_dir: str | Path, is_main: bool = True, total_steps: int | None = None,
-                 json_summary: str | Path | None = None, tensorboard: bool = True, stream: TextIO | None = None,
-                 resume: bool = False):
+    def __init__(
+        self,
+        output_dir: str | Path,
+        is_main: bool = True,
+        total_steps: int | None = None,
+        json_summary: str | Path | None = None,
+        tensorboard: bool = True,
+        stream: TextIO | None = None,
+        resume: bool = False,
+    ):
         self.dir = Path(output_dir)
         self.is_main = is_main
         self.total_steps = total_steps
@@ -107,8 +125,14 @@ class MetricsLogger:
     def _dllogger(self, step: Any, data: dict[str, Any], kind: str = "LOG") -> None:
         if self._dll is None:
             return
-        rec = {"timestamp": time.time(), "datetime": time.strftime("%Y-%m-%d %H:%M:%S"),
-               "elapsedtime": time.perf_counter() - self.t0, "type": kind, "step": step, "data": data}
+        rec = {
+            "timestamp": time.time(),
+            "datetime": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "elapsedtime": time.perf_counter() - self.t0,
+            "type": kind,
+            "step": step,
+            "data": data,
+        }
         self._dll.write("DLLL " + json.dumps(rec) + "\n")
         self._dll.flush()
 
@@ -124,6 +148,8 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.is_main:
             return
+        if self._jsonl is None:
+            raise RuntimeError("MetricsLogger.log() after close()")
         metrics = {k: _clean(v) for k, v in metrics.items() if v is not None}
         now = time.perf_counter()
         if self._first is None:
@@ -181,8 +207,14 @@ def plot_metrics(jsonl: str | Path, png: str | Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, ax in (("loss", ax_loss), ("eval_loss", ax_loss), ("mlm_acc", ax_acc), ("nsp_acc", ax_acc),
-                    ("eval_mlm_acc", ax_acc), ("eval_nsp_acc", ax_acc)):
+    for key, ax in (
+        ("loss", ax_loss),
+        ("eval_loss", ax_loss),
+        ("mlm_acc", ax_acc),
+        ("nsp_acc", ax_acc),
+        ("eval_mlm_acc", ax_acc),
+        ("eval_nsp_acc", ax_acc),
+    ):
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
         if pts:
             ax.plot(*zip(*pts), label=key, marker="." if key.startswith("eval") else None)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,19 +42,27 @@ class Client:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def infer_raw(self, model_name: str, arrays: dict[str, np.ndarray], datatypes: dict[str, str] | None = None,
-                  outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def infer_raw(
+        self,
+        model_name: str,
+        arrays: dict[str, np.ndarray],
+        datatypes: dict[str, str] | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
         """Send arrays as they are (tests use this to send malformed requests)."""
         inputs = []
         for name, arr in arrays.items():
-            dt = (datatypes or {}).get(name) or ("BYTES" if arr.dtype == object else
-                                                 {"float32": "FP32", "int64": "INT64", "int32": "INT32"}[str(arr.dtype)])
+            dt = (datatypes or {}).get(name) or (
+                "BYTES"
+                if arr.dtype == object
+                else {"float32": "FP32", "int64": "INT64", "int32": "INT32"}[str(arr.dtype)]
+            )
             inp = self._mod.InferInput(name, list(arr.shape), dt)
             inp.set_data_from_numpy(arr)
             inputs.append(inp)
@@ -86,8 +95,9 @@ class Client:
             arrays[io.name] = np.array([[s.encode("utf-8")] for s in col], dtype=object)  # (B, 1)
         unknown = set(columns) - {io.name for io in spec.inputs}
         if unknown:
-            raise UserError(f"task {task} has no inputs {sorted(unknown)}; it takes "
-                            f"{', '.join(io.name for io in spec.inputs)}")
+            raise UserError(
+                f"task {task} has no inputs {sorted(unknown)}; it takes {', '.join(io.name for io in spec.inputs)}"
+            )
         return self.infer_raw(spec.model_name, arrays, outputs=[o.name for o in spec.outputs])
 
 
@@ -99,14 +109,23 @@ def rows_as_json(task: str, out: dict[str, np.ndarray]) -> list[dict[str, Any]]:
         if task == "qa":
             rows.append({"answer": out["answer"][i][0].decode(), "score": float(out["score"][i][0])})
         elif task == "classify":
-            rows.append({"label": out["label"][i][0].decode(), "label_id": int(out["label_id"][i][0]),
-                         "probabilities": [float(p) for p in out["probabilities"][i]]})
+            rows.append(
+                {
+                    "label": out["label"][i][0].decode(),
+                    "label_id": int(out["label_id"][i][0]),
+                    "probabilities": [float(p) for p in out["probabilities"][i]],
+                }
+            )
         else:
             masks = []
             for m in range(out["token_ids"].shape[1]):
                 if out["token_ids"][i][m][0] < 0:
                     continue
-                masks.append([{"token": t.decode(), "token_id": int(j), "score": float(s)}
-                              for t, j, s in zip(out["tokens"][i][m], out["token_ids"][i][m], out["scores"][i][m])])
+                masks.append(
+                    [
+                        {"token": t.decode(), "token_id": int(j), "score": float(s)}
+                        for t, j, s in zip(out["tokens"][i][m], out["token_ids"][i][m], out["scores"][i][m])
+                    ]
+                )
             rows.append({"masks": masks})
     return rows

@@ -15,7 +15,6 @@ within `tolerance` (1e-4) on a batch with padding, or the export fails and nothi
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -27,18 +26,34 @@ import torch
 from bertforge.errors import UserError
 from bertforge.runtime.io import atomic_dir
 
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "merges.txt", "vocab.json", "tokenizer_config.json",
-                   "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "merges.txt",
+    "vocab.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 
 # Hugging Face architecture (config.json "architectures") -> our task head
-ARCH_TASKS = {"ForQuestionAnswering": "qa", "ForSequenceClassification": "classification",
-              "ForMaskedLM": "mlm", "ForPreTraining": "pretraining", "ForTokenClassification": "token_classification"}
+ARCH_TASKS = {
+    "ForQuestionAnswering": "qa",
+    "ForSequenceClassification": "classification",
+    "ForMaskedLM": "mlm",
+    "ForPreTraining": "pretraining",
+    "ForTokenClassification": "token_classification",
+}
 
 # serving task names (bertforge serve --task) -> model heads
 SERVE_HEADS = {"qa": "qa", "classify": "classification", "fill-mask": "mlm"}
 
-ONNX_OUTPUTS = {"qa": ["start_logits", "end_logits"], "classification": ["logits"], "regression": ["logits"],
-                "token_classification": ["logits"], "mlm": ["logits"]}
+ONNX_OUTPUTS = {
+    "qa": ["start_logits", "end_logits"],
+    "classification": ["logits"],
+    "regression": ["logits"],
+    "token_classification": ["logits"],
+    "mlm": ["logits"],
+}
 
 
 def detect_head(model_dir: Path) -> str:
@@ -53,8 +68,9 @@ def detect_head(model_dir: Path) -> str:
                 if head == "classification" and raw.get("problem_type") == "regression":
                     return "regression"
                 return head
-    raise UserError(f"{model_dir}/config.json names no task head in 'architectures' "
-                    f"({raw.get('architectures')}); pass --task")
+    raise UserError(
+        f"{model_dir}/config.json names no task head in 'architectures' ({raw.get('architectures')}); pass --task"
+    )
 
 
 def resolve_head(model_dir: Path, task: str | None) -> str:
@@ -77,20 +93,33 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def load(model_dir: Path, head: str, init_head: bool = False, seed: int = 0, num_labels: int | None = None,
-         attention: str = "auto"):
+def load(
+    model_dir: Path,
+    head: str,
+    init_head: bool = False,
+    seed: int = 0,
+    num_labels: int | None = None,
+    attention: str = "auto",
+):
     from bertforge.model.hf_interop import load_pretrained
 
     if num_labels is None:
         num_labels = num_labels_of(model_dir) if head in ("classification", "token_classification") else 2
     torch.manual_seed(seed)  # the fresh head of --init-head is reproducible
-    model, config = load_pretrained(model_dir, head, num_labels=num_labels, attention=attention,
-                                    allow_missing_head=init_head)
+    model, config = load_pretrained(
+        model_dir, head, num_labels=num_labels, attention=attention, allow_missing_head=init_head
+    )
     return model.eval(), config
 
 
-def export_hf(model_dir: str | Path, out: str | Path, task: str | None = None, init_head: bool = False,
-              num_labels: int | None = None, seed: int = 0) -> Path:
+def export_hf(
+    model_dir: str | Path,
+    out: str | Path,
+    task: str | None = None,
+    init_head: bool = False,
+    num_labels: int | None = None,
+    seed: int = 0,
+) -> Path:
     """Re-write `model_dir` as config.json + model.safetensors + tokenizer files in `out`.
 
     `init_head`: the task head may be missing from the checkpoint (a pre-trained encoder such as a
@@ -129,10 +158,10 @@ def sample_inputs(config, head: str, batch: int = 3, seq: int = 17, seed: int = 
     ids = torch.randint(5, config.vocab_size, (batch, seq), generator=g)  # (B, T)
     am = torch.ones(batch, seq, dtype=torch.long)
     for i in range(batch):
-        am[i, max(2, seq - 3 * i):] = 0
+        am[i, max(2, seq - 3 * i) :] = 0
     ids = ids * am
     tt = torch.zeros(batch, seq, dtype=torch.long)
-    tt[:, seq // 2:] = 1 if config.type_vocab_size > 1 else 0
+    tt[:, seq // 2 :] = 1 if config.type_vocab_size > 1 else 0
     tt = tt * am
     x = {"input_ids": ids, "attention_mask": am, "token_type_ids": tt}
     if head == "mlm":
@@ -152,8 +181,15 @@ def onnx_parity(path: Path, model: torch.nn.Module, head: str, inputs: dict[str,
     return max(float(np.abs(g - w.float().numpy()).max()) for g, w in zip(got, want))
 
 
-def export_onnx(model_dir: str | Path, out: str | Path, task: str | None = None, opset: int = 17,
-                tolerance: float = 1e-4, init_head: bool = False, seed: int = 0) -> dict[str, Any]:
+def export_onnx(
+    model_dir: str | Path,
+    out: str | Path,
+    task: str | None = None,
+    opset: int = 17,
+    tolerance: float = 1e-4,
+    init_head: bool = False,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Write `out/model.onnx` (+ config.json, tokenizer files); returns {"path", "max_abs_diff"}."""
     model_dir, out = Path(model_dir), Path(out)
     head = resolve_head(model_dir, task)
@@ -164,8 +200,9 @@ def export_onnx(model_dir: str | Path, out: str | Path, task: str | None = None,
     x = sample_inputs(config, head)
     in_names = list(x)
     out_names = ONNX_OUTPUTS[head]
-    axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in
-                                       ("input_ids", "attention_mask", "token_type_ids")}
+    axes: dict[str, dict[int, str]] = {
+        n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask", "token_type_ids")
+    }
     if head == "mlm":
         axes["masked_positions"] = {0: "batch", 1: "masks"}
         axes["logits"] = {0: "batch", 1: "masks"}
@@ -180,14 +217,25 @@ def export_onnx(model_dir: str | Path, out: str | Path, task: str | None = None,
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             # an eval-mode wrapper: the exporter restores the wrapper's mode recursively afterwards, and a
             # fresh (training-mode) wrapper would switch the model's dropout back on
-            torch.onnx.export(_OnnxWrapper(model, head).eval(), tuple(x.values()), str(path), input_names=in_names,
-                              output_names=out_names, dynamic_axes=axes, opset_version=opset, dynamo=False)
+            torch.onnx.export(
+                _OnnxWrapper(model, head).eval(),
+                tuple(x.values()),
+                str(path),
+                input_names=in_names,
+                output_names=out_names,
+                dynamic_axes=axes,
+                opset_version=opset,
+                dynamo=False,
+            )
         # check on a different shape than the traced one: the axes really are dynamic
-        diff = max(onnx_parity(path, model, head, x),
-                   onnx_parity(path, model, head, sample_inputs(config, head, batch=2, seq=29, seed=1)))
+        diff = max(
+            onnx_parity(path, model, head, x),
+            onnx_parity(path, model, head, sample_inputs(config, head, batch=2, seq=29, seed=1)),
+        )
         if not diff <= tolerance:
-            raise UserError(f"ONNX export of {model_dir} differs from PyTorch by {diff:.3g} (> {tolerance}); "
-                            "nothing was written")
+            raise UserError(
+                f"ONNX export of {model_dir} differs from PyTorch by {diff:.3g} (> {tolerance}); nothing was written"
+            )
         shutil.copy2(model_dir / "config.json", tmp / "config.json")
         copy_tokenizer(model_dir, tmp)
     return {"path": str(out / "model.onnx"), "max_abs_diff": diff, "head": head}

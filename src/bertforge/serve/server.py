@@ -15,13 +15,14 @@ import dataclasses
 import logging
 import os
 import sysconfig
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from bertforge.errors import UserError
-from bertforge.serve.tasks import TASKS, Limits, Predictor, RequestError, decode_strings, stack_outputs
+from bertforge.serve.tasks import TASKS, Predictor, RequestError, decode_strings, stack_outputs
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,10 @@ def ensure_libpython() -> str:
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     ldlib = sysconfig.get_config_var("LDLIBRARY") or ""
     if not libdir or not (Path(libdir) / ldlib).exists():
-        raise UserError(f"this Python has no shared libpython ({Path(libdir) / ldlib} is missing), which Triton's "
-                        "Python backend needs; use a Python built with --enable-shared")
+        raise UserError(
+            f"this Python has no shared libpython ({Path(libdir) / ldlib} is missing), which Triton's "
+            "Python backend needs; use a Python built with --enable-shared"
+        )
     parts = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
     if libdir not in parts:
         os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([libdir, *parts])
@@ -93,7 +96,7 @@ def make_infer_fn(predictor: Predictor) -> Callable[[list[Any]], list[dict[str, 
         for req in requests:
             inputs = {}
             for io in spec.inputs:
-                if io.name in req.keys():
+                if io.name in req.keys():  # noqa: SIM118 -- pytriton's Request has keys() but no __contains__
                     inputs[io.name] = decode_strings(io.name, req[io.name], allow_empty=io.optional)
                 elif not io.optional:
                     raise RequestError(f"input {io.name!r} is missing")
@@ -104,7 +107,7 @@ def make_infer_fn(predictor: Predictor) -> Callable[[list[Any]], list[dict[str, 
         outs = predictor.predict(rows)
         responses, i = [], 0
         for rs in encoded:
-            responses.append(stack_outputs(predictor.task, outs[i: i + len(rs)]))
+            responses.append(stack_outputs(predictor.task, outs[i : i + len(rs)]))
             i += len(rs)
         return responses
 
@@ -132,9 +135,16 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
     ensure_libpython()
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
-    tc = TritonConfig(http_address=cfg.host, http_port=cfg.http_port, grpc_address=cfg.host,
-                      grpc_port=cfg.grpc_port, metrics_address=cfg.host, metrics_port=cfg.metrics_port,
-                      exit_timeout_secs=cfg.exit_timeout_s, log_verbose=cfg.log_verbose)
+    tc = TritonConfig(
+        http_address=cfg.host,
+        http_port=cfg.http_port,
+        grpc_address=cfg.host,
+        grpc_port=cfg.grpc_port,
+        metrics_address=cfg.host,
+        metrics_port=cfg.metrics_port,
+        exit_timeout_secs=cfg.exit_timeout_s,
+        log_verbose=cfg.log_verbose,
+    )
     triton = Triton(config=tc, security_config=TritonSecurityConfig(access_token=cfg.access_token))
     try:
         for task, predictor in models:
@@ -142,8 +152,14 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
                 predictor = predictor()
             spec = TASKS[task]
             fns = [make_infer_fn(predictor) for _ in range(cfg.instances)]
-            triton.bind(model_name=spec.model_name, infer_func=fns, inputs=tensors(spec.inputs),
-                        outputs=tensors(spec.outputs), config=model_config(cfg), strict=True)
+            triton.bind(
+                model_name=spec.model_name,
+                infer_func=fns,
+                inputs=tensors(spec.inputs),
+                outputs=tensors(spec.outputs),
+                config=model_config(cfg),
+                strict=True,
+            )
         triton.run()
     except Exception:
         triton.stop()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,25 +50,46 @@ class TaskSpec:
 
 TASKS: dict[str, TaskSpec] = {
     "qa": TaskSpec(
-        "qa", "qa",
-        inputs=(IOSpec("question", "BYTES", (1,), "the question (UTF-8); longer than max_query_length tokens is cut"),
-                IOSpec("context", "BYTES", (1,), "the passage to answer from (UTF-8); long passages are windowed")),
-        outputs=(IOSpec("answer", "BYTES", (1,), "the answer text, a span of the context"),
-                 IOSpec("score", "FP32", (1,), "start + end logit of the best span"))),
+        "qa",
+        "qa",
+        inputs=(
+            IOSpec("question", "BYTES", (1,), "the question (UTF-8); longer than max_query_length tokens is cut"),
+            IOSpec("context", "BYTES", (1,), "the passage to answer from (UTF-8); long passages are windowed"),
+        ),
+        outputs=(
+            IOSpec("answer", "BYTES", (1,), "the answer text, a span of the context"),
+            IOSpec("score", "FP32", (1,), "start + end logit of the best span"),
+        ),
+    ),
     "classify": TaskSpec(
-        "classify", "classification",
-        inputs=(IOSpec("text", "BYTES", (1,), "the sentence (UTF-8)"),
-                IOSpec("text_pair", "BYTES", (1,), "optional second sentence of a pair task", optional=True)),
-        outputs=(IOSpec("label", "BYTES", (1,), "the predicted label's name (config.json id2label)"),
-                 IOSpec("label_id", "INT64", (1,), "the predicted label's index"),
-                 IOSpec("probabilities", "FP32", (-1,), "softmax over the labels, in label-id order"))),
+        "classify",
+        "classification",
+        inputs=(
+            IOSpec("text", "BYTES", (1,), "the sentence (UTF-8)"),
+            IOSpec("text_pair", "BYTES", (1,), "optional second sentence of a pair task", optional=True),
+        ),
+        outputs=(
+            IOSpec("label", "BYTES", (1,), "the predicted label's name (config.json id2label)"),
+            IOSpec("label_id", "INT64", (1,), "the predicted label's index"),
+            IOSpec("probabilities", "FP32", (-1,), "softmax over the labels, in label-id order"),
+        ),
+    ),
     "fill-mask": TaskSpec(
-        "fill_mask", "mlm",
+        "fill_mask",
+        "mlm",
         inputs=(IOSpec("text", "BYTES", (1,), "text with one or more [MASK] tokens (UTF-8)"),),
-        outputs=(IOSpec("tokens", "BYTES", (-1, -1), "per [MASK] (in order) the top-k tokens; rows of a request "
-                        "with fewer masks than its longest row are padded with empty strings"),
-                 IOSpec("token_ids", "INT64", (-1, -1), "the top-k token ids (padding: -1)"),
-                 IOSpec("scores", "FP32", (-1, -1), "their softmax probabilities (padding: 0)"))),
+        outputs=(
+            IOSpec(
+                "tokens",
+                "BYTES",
+                (-1, -1),
+                "per [MASK] (in order) the top-k tokens; rows of a request "
+                "with fewer masks than its longest row are padded with empty strings",
+            ),
+            IOSpec("token_ids", "INT64", (-1, -1), "the top-k token ids (padding: -1)"),
+            IOSpec("scores", "FP32", (-1, -1), "their softmax probabilities (padding: 0)"),
+        ),
+    ),
 }
 
 
@@ -112,8 +134,9 @@ def decode_strings(name: str, arr: Any, *, allow_empty: bool = False) -> list[st
             try:
                 s = bytes(v).decode("utf-8")
             except UnicodeDecodeError as e:
-                raise RequestError(f"input {name!r} row {i} is not valid UTF-8 ({e.reason} at byte {e.start}); "
-                                   "send UTF-8 text") from None
+                raise RequestError(
+                    f"input {name!r} row {i} is not valid UTF-8 ({e.reason} at byte {e.start}); send UTF-8 text"
+                ) from None
             except TypeError:
                 raise RequestError(f"input {name!r} row {i} is not a string") from None
         if not allow_empty and not s.strip():
@@ -125,8 +148,10 @@ def decode_strings(name: str, arr: Any, *, allow_empty: bool = False) -> list[st
 def check_request_bytes(texts: dict[str, list[str]], limit: int) -> None:
     total = sum(len(s.encode("utf-8")) for rows in texts.values() for s in rows)
     if total > limit:
-        raise RequestError(f"request holds {total} bytes of text, over the server's limit of {limit} "
-                           "(bertforge serve --max-request-bytes); send shorter text or fewer rows")
+        raise RequestError(
+            f"request holds {total} bytes of text, over the server's limit of {limit} "
+            "(bertforge serve --max-request-bytes); send shorter text or fewer rows"
+        )
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -164,17 +189,27 @@ def read_labels(model_dir: str | Path) -> list[str] | None:
 class Predictor:
     """One model + tokenizer for one task; `__call__(inputs)` maps decoded string inputs to output arrays."""
 
-    def __init__(self, task: str, model: torch.nn.Module, tokenizer, limits: Limits,
-                 labels: Sequence[str] | None = None, max_positions: int = 512, type_vocab_size: int = 2,
-                 precision: str = "fp32"):
+    def __init__(
+        self,
+        task: str,
+        model: torch.nn.Module,
+        tokenizer,
+        limits: Limits,
+        labels: Sequence[str] | None = None,
+        max_positions: int = 512,
+        type_vocab_size: int = 2,
+        precision: str = "fp32",
+    ):
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         self.task, self.spec, self.model, self.tok, self.limits = task, TASKS[task], model.eval(), tokenizer, limits
         if limits.max_seq_len > max_positions:
             raise UserError(f"max_seq_len {limits.max_seq_len} is over the model's {max_positions} positions")
         if task == "qa" and limits.max_query_length + 3 >= limits.max_seq_len:
-            raise UserError(f"QA: max_query_length {limits.max_query_length} leaves no room for context in "
-                            f"max_seq_len {limits.max_seq_len}; raise --max-seq-len")
+            raise UserError(
+                f"QA: max_query_length {limits.max_query_length} leaves no room for context in "
+                f"max_seq_len {limits.max_seq_len}; raise --max-seq-len"
+            )
         self.labels = list(labels) if labels else None
         # bf16 autocast halves the matmul time on CPUs with native bf16 (and on GPUs); outputs stay fp32
         self.device = next(model.parameters()).device
@@ -187,8 +222,14 @@ class Predictor:
         self.mask_token = tokenizer.id_to_token(self.mask) if self.mask is not None else None
 
     @classmethod
-    def from_dir(cls, task: str, model_dir: str | Path, limits: Limits | None = None,
-                 precision: str = "fp32", device: str = "cpu") -> "Predictor":
+    def from_dir(
+        cls,
+        task: str,
+        model_dir: str | Path,
+        limits: Limits | None = None,
+        precision: str = "fp32",
+        device: str = "cpu",
+    ) -> Predictor:
         """The model of a Hugging Face directory on `device` (a `bertforge.device.resolve_device` spec: auto, cpu,
         cuda[:N], ...)."""
         from bertforge.model.hf_interop import load_pretrained
@@ -197,18 +238,27 @@ class Predictor:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
-            raise UserError(f"{model_dir} has no config.json; pass a Hugging Face model directory "
-                            "(what `bertforge finetune` or `bertforge export --format hf` writes)")
+            raise UserError(
+                f"{model_dir} has no config.json; pass a Hugging Face model directory "
+                "(what `bertforge finetune` or `bertforge export --format hf` writes)"
+            )
         labels = read_labels(model_dir) if task == "classify" else None
         num_labels = len(labels) if labels else 2
         model, config = load_pretrained(model_dir, TASKS[task].head, num_labels=num_labels)
         model.to(dev.resolve_device(device))
         if task == "classify" and labels is None:
             labels = [f"LABEL_{i}" for i in range(num_labels)]
-        return cls(task, model, load_tokenizer(model_dir), limits or Limits(), labels,
-                   max_positions=config.max_position_embeddings - (config.pad_token_id + 1
-                                                                   if config.model_type == "roberta" else 0),
-                   type_vocab_size=config.type_vocab_size, precision=precision)
+        return cls(
+            task,
+            model,
+            load_tokenizer(model_dir),
+            limits or Limits(),
+            labels,
+            max_positions=config.max_position_embeddings
+            - (config.pad_token_id + 1 if config.model_type == "roberta" else 0),
+            type_vocab_size=config.type_vocab_size,
+            precision=precision,
+        )
 
     # ---------------------------------------------------------------- shared
     def _forward(self, rows: list[list[int]], types: list[list[int]], **extra) -> Any:
@@ -231,13 +281,15 @@ class Predictor:
     def encode(self, inputs: dict[str, list[str]]) -> list[Any]:
         """Validate one request's decoded inputs and turn each row into what `predict` takes."""
         check_request_bytes(inputs, self.limits.max_request_bytes)
-        return {"qa": self._encode_qa, "classify": self._encode_classify,
-                "fill-mask": self._encode_fill_mask}[self.task](inputs)
+        return {"qa": self._encode_qa, "classify": self._encode_classify, "fill-mask": self._encode_fill_mask}[
+            self.task
+        ](inputs)
 
     def predict(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
         """One model call for rows of any number of requests; one output dict (no batch dim) per row."""
-        return {"qa": self._predict_qa, "classify": self._predict_classify,
-                "fill-mask": self._predict_fill_mask}[self.task](rows)
+        return {"qa": self._predict_qa, "classify": self._predict_classify, "fill-mask": self._predict_fill_mask}[
+            self.task
+        ](rows)
 
     def warmup(self, rows: int = 1) -> None:
         """One model call of `rows` rows of max_seq_len tokens, through the whole request path, before serving.
@@ -279,8 +331,9 @@ class Predictor:
     def _encode_classify(self, inputs: dict[str, list[str]]) -> list[Any]:
         texts, pairs = inputs["text"], inputs.get("text_pair")
         if pairs is not None and len(pairs) != len(texts):
-            raise RequestError(f"inputs 'text' and 'text_pair' have {len(texts)} and {len(pairs)} rows; send one "
-                               "text_pair per text")
+            raise RequestError(
+                f"inputs 'text' and 'text_pair' have {len(texts)} and {len(pairs)} rows; send one text_pair per text"
+            )
         return [self.encode_pair(t, pairs[i] if pairs else None) for i, t in enumerate(texts)]
 
     def _predict_classify(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
@@ -290,8 +343,13 @@ class Predictor:
         for p in probs:
             i = int(p.argmax())
             name = self.labels[i] if self.labels and i < len(self.labels) else str(i)
-            res.append({"label": np.array([name.encode()], dtype=object), "label_id": np.array([i], np.int64),
-                        "probabilities": p.astype(np.float32)})
+            res.append(
+                {
+                    "label": np.array([name.encode()], dtype=object),
+                    "label_id": np.array([i], np.int64),
+                    "probabilities": p.astype(np.float32),
+                }
+            )
         return res
 
     # ---------------------------------------------------------------- fill-mask
@@ -300,12 +358,16 @@ class Predictor:
         for i, t in enumerate(inputs["text"]):
             ids = [self.cls, *self.tok.encode(t, add_special_tokens=False).ids, self.sep]
             if len(ids) > self.limits.max_seq_len:
-                raise RequestError(f"input 'text' row {i} is {len(ids)} tokens, over the server's limit of "
-                                   f"{self.limits.max_seq_len} (bertforge serve --max-seq-len)")
+                raise RequestError(
+                    f"input 'text' row {i} is {len(ids)} tokens, over the server's limit of "
+                    f"{self.limits.max_seq_len} (bertforge serve --max-seq-len)"
+                )
             pos = [j for j, x in enumerate(ids) if x == self.mask]
             if not pos:
-                raise RequestError(f"input 'text' row {i} has no {self.mask_token} token; put {self.mask_token} "
-                                   "where a word should be predicted")
+                raise RequestError(
+                    f"input 'text' row {i} has no {self.mask_token} token; put {self.mask_token} "
+                    "where a word should be predicted"
+                )
             rows.append((ids, pos))
         return rows
 
@@ -330,8 +392,10 @@ class Predictor:
     def _encode_qa(self, inputs: dict[str, list[str]]) -> list[Any]:
         questions, contexts = inputs["question"], inputs["context"]
         if len(questions) != len(contexts):
-            raise RequestError(f"inputs 'question' and 'context' have {len(questions)} and {len(contexts)} rows; "
-                               "send one context per question")
+            raise RequestError(
+                f"inputs 'question' and 'context' have {len(questions)} and {len(contexts)} rows; "
+                "send one context per question"
+            )
         return list(zip(questions, contexts))
 
     def _predict_qa(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
@@ -340,16 +404,29 @@ class Predictor:
 
         lim = self.limits
         examples = [SquadExample(str(i), q, c, []) for i, (q, c) in enumerate(rows)]
-        feats = make_features(examples, self.tok, max_seq_len=lim.max_seq_len, doc_stride=lim.doc_stride,
-                              max_query_len=lim.max_query_length)
+        feats = make_features(
+            examples,
+            self.tok,
+            max_seq_len=lim.max_seq_len,
+            doc_stride=lim.doc_stride,
+            max_query_len=lim.max_query_length,
+        )
         out = self._forward([f.tolist() for f in feats.input_ids], [t.tolist() for t in feats.token_type_ids])
         start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()  # (F, T)
         n = feats.lengths
-        _, nbest, _ = postprocess(examples, feats, [s[:k] for s, k in zip(start, n)], [e[:k] for e, k in zip(end, n)],
-                                  n_best=lim.n_best_size, max_answer_len=lim.max_answer_length)
+        _, nbest, _ = postprocess(
+            examples,
+            feats,
+            [s[:k] for s, k in zip(start, n)],
+            [e[:k] for e, k in zip(end, n)],
+            n_best=lim.n_best_size,
+            max_answer_len=lim.max_answer_length,
+        )
         best = [nbest[ex.qid][0] for ex in examples]
-        return [{"answer": np.array([b["text"].encode()], dtype=object), "score": np.array([b["score"]], np.float32)}
-                for b in best]
+        return [
+            {"answer": np.array([b["text"].encode()], dtype=object), "score": np.array([b["score"]], np.float32)}
+            for b in best
+        ]
 
 
 def stack_outputs(task: str, rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
