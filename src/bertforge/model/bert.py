@@ -132,7 +132,7 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """The stack of layers; activation checkpointing wraps the layers from outside
+    """The stack of layers; activation checkpointing is applied to the layers from outside
     (`bertforge.runtime.activation`)."""
 
     def __init__(self, config: BertConfig, impl: str):
