@@ -1,49 +1,60 @@
 """The `bertforge` command line: one dispatch table.
 
-Each command names a module and two functions in it: `add(parser)` declares the arguments and `run(args)`
-does the work and returns an exit status. Only the chosen command's module is imported, so `bertforge
---help` is instant. A `UserError` (bad path, bad value, corrupt file) is printed as one line, exit status 2;
-argparse errors are one line too.
+Each command holds two functions: `add(parser)` declares the arguments and `run(args)` does the work and
+returns an exit status. The handler modules are imported here directly (so tools and readers see them) and
+import nothing heavy at module level: torch, transformers, h5py and the like load inside the run functions,
+and only the chosen command's `add` runs, so `bertforge --help` stays instant (tests/test_cli.py checks that
+importing this module imports no torch). A `UserError` (bad path, bad value, corrupt file) is printed as one
+line, exit status 2; argparse errors are one line too.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import os
 import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from bertforge import info
+from bertforge.bench import cli as bench_cli
+from bertforge.data import cli as data_cli
+from bertforge.data import pack_cli
 from bertforge.errors import UserError
+from bertforge.finetune import cli as finetune_cli
+from bertforge.serve import cli as serve_cli
+from bertforge.train import cli as train_cli
 
 
 @dataclass(frozen=True)
 class Command:
     name: str
-    target: str
-    """"module:prefix": the module defines `<prefix>_add(parser)` and `<prefix>_run(args) -> int`."""
+    add: Callable[[argparse.ArgumentParser], None]
+    """Declares the command's arguments."""
+    run: Callable[[argparse.Namespace], int]
+    """Does the work; returns the exit status."""
     help: str
 
 
 COMMANDS: list[Command] = [
-    Command("info", "bertforge.info:info", "environment: versions, devices, bf16 support, threads, measured matmul peak"),
-    Command("data", "bertforge.data.cli:data", "corpus -> documents -> vocab -> pre-training shards; inspect shards"),
-    Command("pack", "bertforge.data.pack_cli:pack", "histogram-pack pre-training shards (SPFHP/LPFHP/NNLSHP)"),
-    Command("pretrain", "bertforge.train.cli:pretrain", "two-phase BERT pre-training (LAMB, bf16/fp16, DDP, resume)"),
-    Command("finetune", "bertforge.finetune.cli:finetune", "fine-tune on SQuAD v1.1/v2.0 or a GLUE task"),
-    Command("score", "bertforge.finetune.cli:score", "score a SQuAD predictions file with the official metric"),
-    Command("export", "bertforge.serve.cli:export", "export a model as a Hugging Face directory or ONNX"),
-    Command("serve", "bertforge.serve.cli:serve", "serve a model with NVIDIA Triton (PyTriton), dynamic batching"),
-    Command("predict", "bertforge.serve.cli:predict", "send requests to a running `bertforge serve`"),
-    Command("bench", "bertforge.bench.cli:bench", "run a benchmark spec: ours vs the baseline, in one run"),
+    Command("info", info.info_add, info.info_run,
+            "environment: versions, devices, bf16 support, threads, measured matmul peak"),
+    Command("data", data_cli.data_add, data_cli.data_run,
+            "corpus -> documents -> vocab -> pre-training shards; inspect shards"),
+    Command("pack", pack_cli.pack_add, pack_cli.pack_run, "histogram-pack pre-training shards (SPFHP/LPFHP/NNLSHP)"),
+    Command("pretrain", train_cli.pretrain_add, train_cli.pretrain_run,
+            "two-phase BERT pre-training (LAMB, bf16/fp16, DDP, resume)"),
+    Command("finetune", finetune_cli.finetune_add, finetune_cli.finetune_run,
+            "fine-tune on SQuAD v1.1/v2.0 or a GLUE task"),
+    Command("score", finetune_cli.score_add, finetune_cli.score_run,
+            "score a SQuAD predictions file with the official metric"),
+    Command("export", serve_cli.export_add, serve_cli.export_run, "export a model as a Hugging Face directory or ONNX"),
+    Command("serve", serve_cli.serve_add, serve_cli.serve_run,
+            "serve a model with NVIDIA Triton (PyTriton), dynamic batching"),
+    Command("predict", serve_cli.predict_add, serve_cli.predict_run, "send requests to a running `bertforge serve`"),
+    Command("bench", bench_cli.bench_add, bench_cli.bench_run,
+            "run a benchmark spec: ours vs the baseline, in one run"),
 ]
-
-
-def _available(cmd: Command) -> bool:
-    module = cmd.target.partition(":")[0]
-    return importlib.util.find_spec(module) is not None
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -57,12 +68,6 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _resolve(cmd: Command) -> tuple[Callable, Callable]:
-    module, _, prefix = cmd.target.partition(":")
-    mod = importlib.import_module(module)
-    return getattr(mod, f"{prefix}_add"), getattr(mod, f"{prefix}_run")
-
-
 def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="bertforge",
@@ -72,13 +77,10 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bertforge {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
     for cmd in COMMANDS:
-        if not _available(cmd):
-            continue
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
-        if cmd.name == selected:
-            add, run = _resolve(cmd)
-            add(p)
-            p.set_defaults(_run=run)
+        if cmd.name == selected:  # only the chosen command's arguments: some `add`s import their stage's module
+            cmd.add(p)
+            p.set_defaults(_run=cmd.run)
     return parser
 
 

@@ -1,12 +1,13 @@
 """Fast paths vs their reference paths: masked-only vs dense MLM head, packed vs padded rows, SDPA vs eager
-attention, activation checkpointing vs plain backward, torch.compile without graph breaks, bf16 autocast."""
+attention, torch.compile without graph breaks, bf16 autocast (activation checkpointing:
+tests/runtime/test_activation.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from bertforge.model import BertConfig, build_model
+from bertforge.model import TASK_HEADS, BertConfig, build_model
 from bertforge.model.attention import block_mask, varlen_meta
 
 V = 101
@@ -50,6 +51,27 @@ def test_no_masked_slot_gives_zero_loss_not_nan():
     out = model(torch.randint(5, V, (2, 8)), masked_positions=torch.zeros(2, 3, dtype=torch.long),
                 masked_labels=torch.zeros(2, 3, dtype=torch.long))
     assert out.loss.item() == 0.0 and int(out.mlm_count) == 0
+
+
+@pytest.mark.parametrize("task", list(TASK_HEADS))
+def test_heads_own_only_their_parameters_and_run_on_what_they_are_given(task):
+    torch.manual_seed(0)
+    model = build_model(tiny(), task, num_labels=3).eval()
+    spec = TASK_HEADS[task]
+    head = getattr(model, spec.name)
+    assert model.head is head and isinstance(head, torch.nn.Module)
+    # the pooler and the tied decoder stay the encoder's: no parameter is reachable under two names
+    ids = {id(p) for p in model.bert.parameters()}
+    assert not any(id(p) in ids for p in head.parameters())
+    assert len(list(model.parameters())) == len(list(model.named_parameters(remove_duplicate=False)))
+    seq = torch.randn(2, 8, 32)
+    shared = {"decoder_weight": model.bert.embeddings.word_embeddings.weight, "pooler": model.bert.pooler}
+    batch = dict.fromkeys(("masked_positions", "masked_labels", "nsp_positions", "nsp_labels", "labels",
+                           "start_positions", "end_positions"))
+    with torch.no_grad():
+        out = head(seq, batch, **{k: shared[k] for k in spec.inputs})
+    logits = {"pretraining": out.nsp_logits, "mlm": out.mlm_logits, "qa": out.start_logits}.get(task, out.logits)
+    assert logits is not None and torch.isfinite(logits).all() and out.loss is None
 
 
 SEQS = [5, 4, 7]  # three sequences: packed as [5 + 4] and [7 + padding]; padded one per row
@@ -134,21 +156,6 @@ def test_sdpa_equals_eager_reference_and_no_nan_on_empty_rows():
         x, y = a.eval()(ids, mask), b.eval()(ids, mask)
     torch.testing.assert_close(x.last_hidden_state, y.last_hidden_state, atol=1e-5, rtol=0)
     assert torch.isfinite(x.last_hidden_state).all()
-
-
-def test_activation_checkpointing_gives_the_same_gradients():
-    torch.manual_seed(0)
-    model = build_model(tiny(), "pretraining").train()
-    ids = torch.randint(5, V, (2, 10))
-    pos, lab = torch.tensor([[1, 2], [3, 0]]), torch.tensor([[7, 8], [9, 0]])
-    grads = []
-    for ckpt in (False, True):
-        model.set_activation_checkpointing(ckpt)
-        model.zero_grad()
-        model(ids, masked_positions=pos, masked_labels=lab, nsp_labels=torch.tensor([0, 1])).loss.backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-    for x, y in zip(*grads):
-        torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "auto", "eager"])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from bertforge.data.packing import ALGORITHMS, PackConfig, pack_shards
-
 
 def pack_add(parser: argparse.ArgumentParser) -> None:
+    from bertforge.data.packing import ALGORITHMS  # local: packing imports numpy and h5py (`bertforge --help`)
+
     parser.add_argument("--in", dest="input_dir", required=True, help="directory of NVIDIA-format (masked) shards")
     parser.add_argument("--out", dest="output_dir", required=True, help="directory for the packed shards")
     parser.add_argument("--algorithm", choices=list(ALGORITHMS), default="lpfhp",
@@ -22,6 +22,8 @@ def pack_add(parser: argparse.ArgumentParser) -> None:
 
 
 def pack_run(args: argparse.Namespace) -> int:
+    from bertforge.data.packing import PackConfig, pack_shards
+
     cfg = PackConfig(input_dir=args.input_dir, output_dir=args.output_dir, algorithm=args.algorithm,
                      max_per_pack=args.max_per_pack, seed=args.seed, shards=args.shards,
                      chunk_rows=args.chunk_rows, buffer_mb=args.buffer_mb)

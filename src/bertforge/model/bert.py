@@ -17,21 +17,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from bertforge.errors import ConfigError
 from bertforge.model import attention as attn
+from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.config import BertConfig
 from bertforge.model.dropout import Dropout, fast_dropout_usable
 from bertforge.model.heads import TASK_HEADS, ModelOutput
-
-# Hugging Face `ACT2FN` names -> functions; "gelu" is the exact erf GELU that BERT was trained with.
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
 
 
 class Embeddings(nn.Module):
@@ -140,18 +132,16 @@ class EncoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
+    """The stack of layers; activation checkpointing is applied to the layers from outside
+    (`bertforge.runtime.activation`)."""
+
     def __init__(self, config: BertConfig, impl: str):
         super().__init__()
         self.layer = nn.ModuleList(EncoderLayer(config, impl) for _ in range(config.num_hidden_layers))
-        self.activation_checkpointing = False
 
     def forward(self, h, mask=None, meta=None):
         for layer in self.layer:
-            if self.activation_checkpointing and self.training:
-                # recompute the layer in backward: activation memory O(1 layer) instead of O(layers)
-                h = checkpoint(layer, h, mask, meta, use_reentrant=False)
-            else:
-                h = layer(h, mask, meta)
+            h = layer(h, mask, meta)
         return h
 
 
@@ -172,8 +162,6 @@ class BertEncoderModel(nn.Module):
     def __init__(self, config: BertConfig, attention: str = "auto", pooler: bool = True):
         super().__init__()
         if config.hidden_act not in ACTIVATIONS:
-            from bertforge.errors import ConfigError
-
             raise ConfigError(f"hidden_act {config.hidden_act!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
         self.config = config
         self.attention_impl = attn.resolve_attention(attention)
@@ -218,28 +206,27 @@ def init_weights(module: nn.Module, config: BertConfig) -> None:
 
 
 class BertForTask(nn.Module):
-    """The encoder plus the head of one task from `TASK_HEADS`; `forward` returns a `ModelOutput`."""
+    """The encoder (`bert`) plus the head of one task from `TASK_HEADS`, registered under the head's Hugging
+    Face name (`cls`, `qa_outputs` or `classifier`); `forward` returns a `ModelOutput`."""
 
     def __init__(self, config: BertConfig, task: str, num_labels: int = 2, attention: str = "auto"):
         super().__init__()
         if task not in TASK_HEADS:
-            from bertforge.errors import ConfigError
-
             raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(TASK_HEADS)}")
         spec = TASK_HEADS[task]
         self.config, self.task = config, task
         self.num_labels = spec.fixed_labels or num_labels
         self.bert = BertEncoderModel(config, attention, pooler=spec.pooler)
-        for name, module in spec.modules(config, self.num_labels).items():
-            self.add_module(name, module)
+        self.add_module(spec.name, spec.build(config, self.num_labels))
         init_weights(self, config)
 
     @property
     def attention_impl(self) -> str:
         return self.bert.attention_impl
 
-    def set_activation_checkpointing(self, enabled: bool = True) -> None:
-        self.bert.encoder.activation_checkpointing = enabled
+    @property
+    def head(self) -> nn.Module:
+        return getattr(self, TASK_HEADS[self.task].name)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
                 masked_positions=None, masked_labels=None, nsp_positions=None, nsp_labels=None,
@@ -248,14 +235,15 @@ class BertForTask(nn.Module):
         batch = {"masked_positions": masked_positions, "masked_labels": masked_labels,
                  "nsp_positions": nsp_positions, "nsp_labels": nsp_labels, "labels": labels,
                  "start_positions": start_positions, "end_positions": end_positions}
-        out = TASK_HEADS[self.task].forward(self, seq, batch)
+        # the encoder's pieces a head shares: they keep their one name here and are passed, not registered twice
+        shared = {"decoder_weight": self.bert.embeddings.word_embeddings.weight,  # (V, H), the tied MLM decoder
+                  "pooler": self.bert.pooler}
+        out = self.head(seq, batch, **{k: shared[k] for k in TASK_HEADS[self.task].inputs})
         out.last_hidden_state = seq
         return out
 
 
-def build_model(config: BertConfig, task: str, num_labels: int = 2, attention: str = "auto",
-                activation_checkpointing: bool = False) -> BertForTask:
-    """A freshly initialised model for `task` (a key of `TASK_HEADS`); see `BertForTask.forward` for inputs."""
-    model = BertForTask(config, task, num_labels, attention)
-    model.set_activation_checkpointing(activation_checkpointing)
-    return model
+def build_model(config: BertConfig, task: str, num_labels: int = 2, attention: str = "auto") -> BertForTask:
+    """A freshly initialised model for `task` (a key of `TASK_HEADS`); see `BertForTask.forward` for inputs.
+    Activation checkpointing, compile, precision and DDP are applied to it from outside (DESIGN §2)."""
+    return BertForTask(config, task, num_labels, attention)

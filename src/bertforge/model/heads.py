@@ -1,9 +1,12 @@
-"""Task heads as one table (`TASK_HEADS`): which modules a task adds on top of the encoder, whether it needs
-the pooler, how its forward turns the sequence output into logits and a loss, and which `transformers`
-class holds the same weights.
+"""Task heads as modules and one table (`TASK_HEADS`): which head module a task puts on top of the encoder,
+which of the encoder's pieces (the tied decoder weight, the pooler) its forward takes, and which
+`transformers` class holds the same weights. A head's forward turns the sequence output into logits and a
+loss; it reads nothing of the model but its own parameters and what it is given.
 
 Module names follow Hugging Face BERT (`cls.predictions.*`, `cls.seq_relationship`, `qa_outputs`,
-`classifier`) so `hf_interop`'s name map stays short.
+`classifier`) so `hf_interop`'s name map stays short. The pooler stays `bert.pooler` and the decoder weight
+stays `bert.embeddings.word_embeddings.weight`: the heads get them as arguments and never register them, so
+each parameter has one name.
 
 The MLM head is masked-only (DESIGN §4): hidden states are gathered at `masked_positions` first, then
 transformed and projected to the vocabulary, so the largest matmul of a small model runs on B*P rows instead
@@ -22,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.config import BertConfig
 from bertforge.model.dropout import Dropout
 
@@ -51,14 +55,19 @@ class ModelOutput:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
 
-# ------------------------------------------------------------------------------------------- modules
+# ------------------------------------------------------------------------------------------- heads
+# Each head is the module registered on the model under its Hugging Face name; its forward takes the sequence
+# output (B, T, H), the batch (the label/position inputs of `BertForTask.forward`, None when absent) and, by
+# keyword, the pieces it shares with the encoder, which the encoder owns and names (`TaskHead.inputs`):
+# `decoder_weight`, the word embeddings (V, H) the MLM decoder is tied to, and `pooler`, `bert.pooler`.
+Batch = dict[str, Any]
+
+
 class PredictionHead(nn.Module):
     """transform (dense, act, LayerNorm) then the decoder tied to the word embeddings, plus an output bias."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        from bertforge.model.bert import ACTIVATIONS  # local: bert imports this module
-
         self.transform = nn.Module()
         self.transform.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.transform.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -71,114 +80,126 @@ class PredictionHead(nn.Module):
 
 
 class PreTrainingHeads(nn.Module):
+    """`cls`: the MLM head (`cls.predictions`) and, with `nsp`, the NSP classifier (`cls.seq_relationship`)
+    on the pooled [CLS] vectors. The loss is MLM + NSP when both have labels (MLM alone without `nsp`)."""
+
     def __init__(self, config: BertConfig, nsp: bool):
         super().__init__()
         self.predictions = PredictionHead(config)
+        self.nsp = nsp
         if nsp:
             self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
+    def forward(self, seq: torch.Tensor, batch: Batch, *, decoder_weight: torch.Tensor,
+                pooler: nn.Module | None = None) -> ModelOutput:
+        out = self._mlm(seq, batch["masked_positions"], batch["masked_labels"], batch["labels"], decoder_weight)
+        if not self.nsp:
+            return ModelOutput(loss=out.get("mlm_loss"), **out)
+        out.update(self._nsp(seq, batch["nsp_positions"], batch["nsp_labels"], pooler))
+        if "mlm_loss" in out and "nsp_loss" in out:
+            out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+        return ModelOutput(**out)
 
-def _mlm(model, seq, masked_positions, masked_labels, labels) -> dict[str, torch.Tensor]:
-    head: PredictionHead = model.cls.predictions
-    weight = model.bert.embeddings.word_embeddings.weight  # (V, H), tied decoder
-    if masked_positions is None:  # dense reference path: every token
-        logits = head(seq, weight)  # (B, T, V)
-        out: dict[str, torch.Tensor] = {"mlm_logits": logits}
-        if labels is not None:
-            valid = labels != -100
-            out["mlm_loss"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                                              ignore_index=-100)
-            out["mlm_count"] = valid.sum()
-            out["mlm_correct"] = ((logits.argmax(-1) == labels) & valid).sum()
+    def _mlm(self, seq, masked_positions, masked_labels, labels, decoder_weight) -> dict[str, torch.Tensor]:
+        if masked_positions is None:  # dense reference path: every token
+            logits = self.predictions(seq, decoder_weight)  # (B, T, V)
+            out: dict[str, torch.Tensor] = {"mlm_logits": logits}
+            if labels is not None:
+                valid = labels != -100
+                out["mlm_loss"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                                                  ignore_index=-100)
+                out["mlm_count"] = valid.sum()
+                out["mlm_correct"] = ((logits.argmax(-1) == labels) & valid).sum()
+            return out
+        B, P = masked_positions.shape
+        H = seq.shape[-1]
+        x = seq.gather(1, masked_positions[:, :, None].expand(B, P, H))  # (B, P, H): gather first
+        logits = self.predictions(x.reshape(B * P, H), decoder_weight)  # (B*P, V)
+        out = {"mlm_logits": logits}
+        if masked_labels is not None:
+            valid = masked_positions.reshape(-1) != 0  # (B*P,) slot 0 = empty (position 0 is [CLS])
+            target = masked_labels.reshape(-1).masked_fill(~valid, -100)
+            out.update(_slot_scores("mlm", logits, target, valid, -100))
         return out
-    B, P = masked_positions.shape
-    H = seq.shape[-1]
-    x = seq.gather(1, masked_positions[:, :, None].expand(B, P, H))  # (B, P, H): gather first
-    logits = head(x.reshape(B * P, H), weight)  # (B*P, V)
-    out = {"mlm_logits": logits}
-    if masked_labels is not None:
-        valid = masked_positions.reshape(-1) != 0  # (B*P,) slot 0 = empty (position 0 is [CLS])
-        target = masked_labels.reshape(-1).masked_fill(~valid, -100)
-        count = valid.sum()
-        # sum / count (not mean) so a batch with no masked slot gives 0, not NaN
-        ce = F.cross_entropy(logits.float(), target, ignore_index=-100, reduction="sum")
-        out["mlm_loss"] = ce / count.clamp(min=1)
-        out["mlm_count"] = count
-        out["mlm_correct"] = ((logits.argmax(-1) == target) & valid).sum()
-    return out
+
+    def _nsp(self, seq, nsp_positions, nsp_labels, pooler) -> dict[str, torch.Tensor]:
+        B, _, H = seq.shape
+        if nsp_positions is None:
+            nsp_positions = torch.zeros(B, 1, dtype=torch.long, device=seq.device)  # one [CLS] at 0
+        K = nsp_positions.shape[1]
+        cls_h = seq.gather(1, nsp_positions[:, :, None].expand(B, K, H))  # (B, K, H): each sequence's [CLS]
+        logits = self.seq_relationship(pooler(cls_h)).reshape(B * K, 2)  # (B*K, 2)
+        out = {"nsp_logits": logits}
+        if nsp_labels is not None:
+            target = nsp_labels.reshape(-1)  # (B,) or (B, K) -> (B*K,); -1 = empty slot
+            out.update(_slot_scores("nsp", logits, target, target != -1, -1))
+        return out
 
 
-def _nsp(model, seq, nsp_positions, nsp_labels) -> dict[str, torch.Tensor]:
-    B, _, H = seq.shape
-    if nsp_positions is None:
-        nsp_positions = torch.zeros(B, 1, dtype=torch.long, device=seq.device)  # one [CLS] at 0
-    K = nsp_positions.shape[1]
-    cls_h = seq.gather(1, nsp_positions[:, :, None].expand(B, K, H))  # (B, K, H): each sequence's [CLS]
-    logits = model.cls.seq_relationship(model.bert.pooler(cls_h)).reshape(B * K, 2)  # (B*K, 2)
-    out = {"nsp_logits": logits}
-    if nsp_labels is not None:
-        target = nsp_labels.reshape(-1)  # (B,) or (B, K) -> (B*K,); -1 = empty slot
-        valid = target != -1
-        count = valid.sum()
-        ce = F.cross_entropy(logits.float(), target, ignore_index=-1, reduction="sum")
-        out["nsp_loss"] = ce / count.clamp(min=1)
-        out["nsp_count"] = count
-        out["nsp_correct"] = ((logits.argmax(-1) == target) & valid).sum()
-    return out
+def _slot_scores(name: str, logits, target, valid, ignore_index: int) -> dict[str, torch.Tensor]:
+    """Loss (mean over the real slots), count and correct predictions of (N, C) logits at N slots."""
+    count = valid.sum()
+    # sum / count (not mean) so a batch with no real slot gives 0, not NaN
+    ce = F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="sum")
+    return {f"{name}_loss": ce / count.clamp(min=1), f"{name}_count": count,
+            f"{name}_correct": ((logits.argmax(-1) == target) & valid).sum()}
 
 
-def _pretraining_forward(model, seq, b) -> ModelOutput:
-    out = _mlm(model, seq, b["masked_positions"], b["masked_labels"], b["labels"])
-    out.update(_nsp(model, seq, b["nsp_positions"], b["nsp_labels"]))
-    if "mlm_loss" in out and "nsp_loss" in out:
-        out["loss"] = out["mlm_loss"] + out["nsp_loss"]
-    return ModelOutput(**out)
+class SpanHead(nn.Linear):
+    """`qa_outputs`: start and end logits of the answer span from every token."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config.hidden_size, 2)
+
+    def forward(self, seq: torch.Tensor, batch: Batch) -> ModelOutput:
+        start, end = super().forward(seq).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
+        loss = None
+        if batch["start_positions"] is not None and batch["end_positions"] is not None:
+            # as Hugging Face: positions outside the window are clamped to T and ignored
+            T = seq.shape[1]
+            sp, ep = batch["start_positions"].clamp(0, T), batch["end_positions"].clamp(0, T)
+            loss = (F.cross_entropy(start.float(), sp, ignore_index=T)
+                    + F.cross_entropy(end.float(), ep, ignore_index=T)) / 2
+        return ModelOutput(loss=loss, start_logits=start, end_logits=end)
 
 
-def _mlm_forward(model, seq, b) -> ModelOutput:
-    out = _mlm(model, seq, b["masked_positions"], b["masked_labels"], b["labels"])
-    return ModelOutput(loss=out.get("mlm_loss"), **out)
+def _class_loss(logits, labels):  # logits (B, L), labels (B,)
+    return F.cross_entropy(logits.float(), labels.view(-1))
 
 
-def _qa_forward(model, seq, b) -> ModelOutput:
-    start, end = model.qa_outputs(seq).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
-    loss = None
-    if b["start_positions"] is not None and b["end_positions"] is not None:
-        # as Hugging Face: positions outside the window are clamped to T and ignored
-        T = seq.shape[1]
-        sp, ep = b["start_positions"].clamp(0, T), b["end_positions"].clamp(0, T)
-        loss = (F.cross_entropy(start.float(), sp, ignore_index=T) + F.cross_entropy(end.float(), ep, ignore_index=T)) / 2
-    return ModelOutput(loss=loss, start_logits=start, end_logits=end)
+def _regression_loss(logits, labels):  # logits (B, 1), labels (B,)
+    return F.mse_loss(logits.float().squeeze(-1), labels.float().view(-1))
 
 
-def _sequence_forward(model, seq, b, regression: bool) -> ModelOutput:
-    pooled = model.bert.pooler(seq[:, 0])  # (B, H) from [CLS]
-    logits = model.classifier(model.head_dropout(pooled))  # (B, L)
-    loss = None
-    if b["labels"] is not None:
-        if regression:
-            loss = F.mse_loss(logits.float().squeeze(-1), b["labels"].float().view(-1))
-        else:
-            loss = F.cross_entropy(logits.float(), b["labels"].view(-1))
-    return ModelOutput(loss=loss, logits=logits)
+def _token_loss(logits, labels):  # logits (B, T, L), labels (B, T), -100 = ignore
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
 
 
-def _token_forward(model, seq, b) -> ModelOutput:
-    logits = model.classifier(model.head_dropout(seq))  # (B, T, L)
-    loss = None
-    if b["labels"] is not None:
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), b["labels"].reshape(-1), ignore_index=-100)
-    return ModelOutput(loss=loss, logits=logits)
+class Classifier(nn.Linear):
+    """`classifier`: dropout then a linear layer, on the pooled [CLS] vector (`pooled`, sequence tasks) or on
+    every token; `loss_fn(logits, labels)` scores it."""
+
+    def __init__(self, config: BertConfig, num_labels: int, loss_fn: Callable, pooled: bool):
+        super().__init__(config.hidden_size, num_labels)
+        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.loss_fn, self.pooled = loss_fn, pooled
+
+    def forward(self, seq: torch.Tensor, batch: Batch, *, pooler: nn.Module | None = None) -> ModelOutput:
+        x = pooler(seq[:, 0]) if self.pooled else seq  # (B, H) from [CLS], or (B, T, H)
+        logits = super().forward(self.dropout(x))  # (B, L) or (B, T, L)
+        loss = None if batch["labels"] is None else self.loss_fn(logits, batch["labels"])
+        return ModelOutput(loss=loss, logits=logits)
 
 
+# ------------------------------------------------------------------------------------------- table
 @dataclass(frozen=True)
 class TaskHead:
-    modules: Callable[[BertConfig, int], dict[str, nn.Module]]
-    """Top-level modules the task adds, by (Hugging Face) name."""
-    pooler: bool
-    """Whether the encoder keeps its pooler (NSP and sequence classification read it)."""
-    forward: Callable[[Any, torch.Tensor, dict[str, Any]], ModelOutput]
-    """(model, sequence output (B, T, H), batch) -> ModelOutput."""
+    name: str
+    """The model attribute holding the head: its Hugging Face name (`cls`, `qa_outputs`, `classifier`)."""
+    build: Callable[[BertConfig, int], nn.Module]
+    """(config, num_labels) -> the head module."""
+    inputs: tuple[str, ...]
+    """Encoder pieces the head's forward takes by keyword: `decoder_weight`, `pooler`."""
     hf_bert: str
     """The `transformers` class with the same weights, for BERT."""
     hf_roberta: str | None
@@ -186,27 +207,23 @@ class TaskHead:
     fixed_labels: int | None = None
     """Number of outputs when the task fixes it (regression: 1)."""
 
-
-def _dropout(config: BertConfig) -> nn.Module:
-    return Dropout(config.hidden_dropout_prob)
+    @property
+    def pooler(self) -> bool:
+        """Whether the encoder keeps its pooler (NSP and sequence classification read it)."""
+        return "pooler" in self.inputs
 
 
 TASK_HEADS: dict[str, TaskHead] = {
-    "pretraining": TaskHead(lambda c, n: {"cls": PreTrainingHeads(c, nsp=True)}, True, _pretraining_forward,
+    "pretraining": TaskHead("cls", lambda c, n: PreTrainingHeads(c, nsp=True), ("decoder_weight", "pooler"),
                             "BertForPreTraining", None),
-    "mlm": TaskHead(lambda c, n: {"cls": PreTrainingHeads(c, nsp=False)}, False, _mlm_forward,
+    "mlm": TaskHead("cls", lambda c, n: PreTrainingHeads(c, nsp=False), ("decoder_weight",),
                     "BertForMaskedLM", "RobertaForMaskedLM"),
-    "qa": TaskHead(lambda c, n: {"qa_outputs": nn.Linear(c.hidden_size, 2)}, False, _qa_forward,
+    "qa": TaskHead("qa_outputs", lambda c, n: SpanHead(c), (),
                    "BertForQuestionAnswering", "RobertaForQuestionAnswering"),
-    "classification": TaskHead(
-        lambda c, n: {"head_dropout": _dropout(c), "classifier": nn.Linear(c.hidden_size, n)}, True,
-        lambda m, s, b: _sequence_forward(m, s, b, regression=False),
-        "BertForSequenceClassification", "RobertaForSequenceClassification"),
-    "regression": TaskHead(
-        lambda c, n: {"head_dropout": _dropout(c), "classifier": nn.Linear(c.hidden_size, 1)}, True,
-        lambda m, s, b: _sequence_forward(m, s, b, regression=True),
-        "BertForSequenceClassification", "RobertaForSequenceClassification", fixed_labels=1),
-    "token_classification": TaskHead(
-        lambda c, n: {"head_dropout": _dropout(c), "classifier": nn.Linear(c.hidden_size, n)}, False,
-        _token_forward, "BertForTokenClassification", "RobertaForTokenClassification"),
+    "classification": TaskHead("classifier", lambda c, n: Classifier(c, n, _class_loss, pooled=True), ("pooler",),
+                               "BertForSequenceClassification", "RobertaForSequenceClassification"),
+    "regression": TaskHead("classifier", lambda c, n: Classifier(c, 1, _regression_loss, pooled=True), ("pooler",),
+                           "BertForSequenceClassification", "RobertaForSequenceClassification", fixed_labels=1),
+    "token_classification": TaskHead("classifier", lambda c, n: Classifier(c, n, _token_loss, pooled=False), (),
+                                     "BertForTokenClassification", "RobertaForTokenClassification"),
 }

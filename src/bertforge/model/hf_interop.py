@@ -32,7 +32,8 @@ import torch
 
 from bertforge.errors import UserError
 from bertforge.runtime.io import atomic_dir
-from bertforge.model.bert import ACTIVATIONS, BertForTask, build_model
+from bertforge.model.activations import ACTIVATIONS
+from bertforge.model.bert import BertForTask, build_model
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TASK_HEADS
 
@@ -180,8 +181,8 @@ def ours_to_hf(key: str, model_type: str, task: str) -> str:
 
 # ------------------------------------------------------------------------------------------- loading
 def load_pretrained(path: str | os.PathLike, task: str, num_labels: int = 2, attention: str = "auto", *,
-                    allow_missing_head: bool = False, activation_checkpointing: bool = False,
-                    config_overrides: dict[str, Any] | None = None) -> tuple[BertForTask, BertConfig]:
+                    allow_missing_head: bool = False, config_overrides: dict[str, Any] | None = None
+                    ) -> tuple[BertForTask, BertConfig]:
     """Build `task`'s model from a Hugging Face-format directory (config.json + weights).
 
     `allow_missing_head`: heads (and the pooler) absent from the checkpoint keep their fresh init (fine-tuning
@@ -208,7 +209,7 @@ def load_pretrained(path: str | os.PathLike, task: str, num_labels: int = 2, att
         else:
             raise UserError(f"{wfile}: word embeddings have {rows} rows but config.json says vocab_size "
                             f"{config.vocab_size}")
-    model = build_model(config, task, num_labels, attention, activation_checkpointing)
+    model = build_model(config, task, num_labels, attention)
     load_hf_state_dict(model, sd, allow_missing_head=allow_missing_head, source=str(wfile))
     return model, config
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from bertforge.config import describe, load_config, save_config
-from bertforge.train.config import PretrainConfig
-
 
 def pretrain_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="demo_tiny_128", help="preset name (configs/pretrain/) or a YAML file")
@@ -21,6 +18,10 @@ def pretrain_add(p: argparse.ArgumentParser) -> None:
 
 
 def pretrain_run(args: argparse.Namespace) -> int:
+    # local: bertforge.config loads yaml; `bertforge --help` imports this module
+    from bertforge.config import describe, load_config, save_config
+    from bertforge.train.config import PretrainConfig
+
     if args.list_keys:
         for key, default, doc in describe(PretrainConfig):
             print(f"{key} = {default}\n    {doc}")
