@@ -31,6 +31,7 @@ from bertforge.optim.schedule import lr_at
 from bertforge.train import checkpoint as ckpt
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime import fp8
+from bertforge.runtime.activation import apply_activation_checkpointing
 from bertforge.train.config import PretrainConfig
 from bertforge.train.step import TrainStep, set_lr, to_device, train_step
 from bertforge.runtime.metrics import MetricsLogger
@@ -162,13 +163,13 @@ def build_model_for(cfg: PretrainConfig, bert_cfg) -> tuple[torch.nn.Module, Any
     if cfg.model.init_from:
         from bertforge.model.hf_interop import load_pretrained
 
-        model, bert_cfg = load_pretrained(cfg.model.init_from, "pretraining", attention=cfg.train.attention,
-                                          activation_checkpointing=cfg.train.activation_checkpointing)
+        model, bert_cfg = load_pretrained(cfg.model.init_from, "pretraining", attention=cfg.train.attention)
     else:
         from bertforge.model import build_model
 
-        model = build_model(bert_cfg, "pretraining", attention=cfg.train.attention,
-                            activation_checkpointing=cfg.train.activation_checkpointing)
+        model = build_model(bert_cfg, "pretraining", attention=cfg.train.attention)
+    if cfg.train.activation_checkpointing:
+        apply_activation_checkpointing(model)
     return model, bert_cfg
 
 
