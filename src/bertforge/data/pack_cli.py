@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from bertforge.data.packing import ALGORITHMS, PackConfig, pack_shards
+from bertforge.data.packing import PackConfig, pack_shards
+from bertforge.data.packing_algorithms import ALGORITHMS
 
 
 def pack_add(parser: argparse.ArgumentParser) -> None:
