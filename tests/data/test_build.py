@@ -17,9 +17,9 @@ from bertforge.data.instances import (
     reference_truncate,
     truncate_amounts,
 )
+from bertforge.data.shardset import ShardSet, list_shards, read_attrs
 from bertforge.data.vocab import train_wordpiece
 from bertforge.errors import UserError
-from bertforge.data.shardset import list_shards, read_attrs, ShardSet
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega river mountain forest city village ocean desert island valley").split()

@@ -11,7 +11,7 @@ import pytest
 from bertforge.cli import main
 from bertforge.data import shards
 from bertforge.data.inspect import inspect_paths
-from bertforge.data.shardset import list_shards, ShardSet
+from bertforge.data.shardset import ShardSet, list_shards
 
 
 def _nvidia_shard(path, n=50, seq=32, pred=5, seed=0):

@@ -12,8 +12,8 @@ from bertforge.data import packing as pk
 from bertforge.data import packing_algorithms as pa
 from bertforge.data import packing_rows as pr
 from bertforge.data.shards import read_shard, write_shard
-from bertforge.errors import UserError
 from bertforge.data.shardset import PACKED_SCHEMA, ShardSet
+from bertforge.errors import UserError
 
 
 def make_samples(n: int, S: int = 64, P: int = 10, seed: int = 0, lengths=None) -> dict[str, np.ndarray]:

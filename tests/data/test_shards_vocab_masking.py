@@ -8,9 +8,9 @@ import pytest
 
 from bertforge.data import shards
 from bertforge.data.instances import mask_batch, mask_tokens, num_to_predict, reference_mask_tokens
+from bertforge.data.shardset import ShardSet, list_shards, read_attrs
 from bertforge.data.vocab import continuation_table, load_tokenizer, special_ids, train_wordpiece
 from bertforge.errors import UserError
-from bertforge.data.shardset import list_shards, read_attrs, ShardSet
 
 
 def _arrays(n=5, s=16, p=4, seed=0):

@@ -50,7 +50,8 @@ def prediction_counts(masked_lm_positions: np.ndarray) -> np.ndarray:
     return (np.asarray(masked_lm_positions) != 0).sum(axis=1)
 
 
-def build_packed_rows(samples: Mapping[str, np.ndarray], packs: np.ndarray, width: int | None = None) -> dict[str, np.ndarray]:
+def build_packed_rows(samples: Mapping[str, np.ndarray], packs: np.ndarray,
+                      width: int | None = None) -> dict[str, np.ndarray]:
     """Packed rows (the schema in the module docstring) from unpacked NVIDIA-schema `samples`.
 
     samples: input_ids (N,S), input_mask (N,S), segment_ids (N,S), masked_lm_positions (N,P),

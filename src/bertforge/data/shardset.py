@@ -10,8 +10,8 @@ metadata only (no row is read), once per directory and process:
     shards.check_model(vocab_size=30522, max_position_embeddings=512)
     shards.check_compatible(ShardSet.open(eval_dir))
 
-The cache key is the resolved path plus the names, sizes and modification times of the shard and manifest
-files (one `stat` each), so a directory that is rewritten in the same process is read again. A ShardSet is
+The cache key is the resolved path plus the names, sizes, modification times and inodes of the shard and
+manifest files (one `stat` each), so a directory that is rewritten in the same process is read again. A ShardSet is
 plain, frozen data: cheap to pickle into DataLoader workers.
 """
 
@@ -339,14 +339,15 @@ class ShardSet:
         return max(unit, round(global_batch / avg / unit) * unit)
 
 
-def _stat_sig(paths: list[Path]) -> list[tuple[str, int, int]]:
+def _stat_sig(paths: list[Path]) -> list[tuple[str, int, int, int]]:
+    """(name, size, mtime, inode) of each existing file: a rewrite (atomic: a new inode) changes it."""
     out = []
     for p in paths:
         try:
             st = p.stat()
         except OSError:
             continue
-        out.append((p.name, st.st_size, st.st_mtime_ns))
+        out.append((p.name, st.st_size, st.st_mtime_ns, st.st_ino))
     return out
 
 
