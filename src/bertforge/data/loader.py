@@ -2,6 +2,8 @@
 
 Reads the three shard kinds of DESIGN §3.2/§3.3: NVIDIA-format (masks stored), dynamic-masking (unmasked pairs;
 masked here, a fresh draw every epoch, with `instances.mask_tokens`) and packed (several sequences per row).
+What the shards are — files, kind, row counts, widths, masking parameters — comes from their
+`bertforge.data.shardset.ShardSet` (`PretrainLoader.shards`); this module only reads rows.
 
 **Lanes.** An update consumes `lanes = global_batch / micro_batch` micro-batches. Each lane is an endless,
 deterministic stream of rows; rank r owns lanes [r·accum, (r+1)·accum) and takes one micro-batch from each per
@@ -333,11 +335,11 @@ def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> in
     return global_batch // (micro_batch * world_size)
 
 
-def eval_batches(directory: str | Path, batch_size: int, rank: int = 0, world_size: int = 1,
+def eval_batches(directory: str | Path | ShardSet, batch_size: int, rank: int = 0, world_size: int = 1,
                  max_batches: int | None = None, vocab_size: int = 30522, seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
     """Held-out batches in file order (no shuffle), rank r taking batches r, r+W, … (for periodic evaluation).
     Dynamic-masking eval shards are masked with a fixed seed, so every evaluation sees the same masks."""
-    shards = ShardSet.open(directory)
+    shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
     spec = _spec(shards, lanes=[[Piece(s, 0, i.rows) for s, i in enumerate(shards.infos)]], my_lanes=[0],
                  micro_batch=batch_size, seed=seed, shuffle=False, vocab_size=vocab_size)
     reader = LaneReader(spec, 0)

@@ -176,7 +176,8 @@ class ShardInfo:
         return cls(path, int(rows), kind_of(keys, attrs), int(seq_len), int(max_pred), attrs)
 
 
-_CACHE: dict[tuple, "ShardSet"] = {}
+_CACHE: dict[str, tuple[tuple, "ShardSet"]] = {}
+"""resolved path -> (file signature, its ShardSet): one entry per path, replaced when the files change."""
 
 
 @dataclass(frozen=True)
@@ -198,10 +199,11 @@ class ShardSet:
         p = Path(path).resolve()
         files = list_shards(p)
         directory = p.parent if p.is_file() else p
-        sig = (str(p), *_stat_sig(files), *_stat_sig([directory / n for n in MANIFEST_FILES]))
-        if sig not in _CACHE:
-            _CACHE[sig] = cls._read(p, directory, files)
-        return _CACHE[sig]
+        sig = (*_stat_sig(files), *_stat_sig([directory / n for n in MANIFEST_FILES]))
+        cached = _CACHE.get(str(p))
+        if cached is None or cached[0] != sig:
+            cached = _CACHE[str(p)] = (sig, cls._read(p, directory, files))
+        return cached[1]
 
     @classmethod
     def _read(cls, p: Path, directory: Path, files: list[Path]) -> "ShardSet":
