@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from bertforge.data import shards
-from bertforge.data.build import Job, ShardParams, build_shard, run_shards
+from bertforge.data.build import Job, build_shard, run_shards
+from bertforge.data.config import ShardsConfig
 from bertforge.data.instances import (
     build_rows,
     create_instance_specs,
@@ -16,6 +17,7 @@ from bertforge.data.instances import (
     reference_truncate,
     truncate_amounts,
 )
+from bertforge.data.shardset import ShardSet, list_shards, read_attrs
 from bertforge.data.vocab import train_wordpiece
 from bertforge.errors import UserError
 
@@ -47,7 +49,7 @@ def setup(tmp_path_factory):
 def _params(**kw):
     base = dict(seq_len=48, max_pred=8, dupe_factor=3, num_shards=3, seed=7)
     base.update(kw)
-    return ShardParams(**base)
+    return ShardsConfig(**base)
 
 
 def _quiet(*_a, **_k):
@@ -97,7 +99,7 @@ def test_build_rows_layout():
 def test_shards_invariants(setup, tmp_path):
     d, docs, vocab = setup
     res = run_shards(docs, vocab, tmp_path / "out", _params(), log=_quiet)
-    files = shards.list_shards(tmp_path / "out")
+    files = list_shards(tmp_path / "out")
     assert [f.name for f in files] == ["train_0.hdf5", "train_1.hdf5", "train_2.hdf5"]
     man = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert man["instances"] == res["train"]["instances"] > 100
@@ -106,7 +108,7 @@ def test_shards_invariants(setup, tmp_path):
     total_rnd = total = 0
     for f in files:
         a = shards.read_shard(f)
-        assert shards.shard_kind(f) == "nvidia"
+        assert ShardSet.open(f).kind == "nvidia"
         assert a["input_ids"].dtype == np.int32 and a["input_mask"].dtype == np.int8
         assert a["masked_lm_positions"].shape[1] == 8 and a["next_sentence_labels"].dtype == np.int8
         lens = a["input_mask"].sum(1)
@@ -129,17 +131,17 @@ def test_shards_invariants(setup, tmp_path):
 
 def test_deterministic_and_dynamic_equals_unmasked(setup, tmp_path):
     d, docs, vocab = setup
-    run_shards(docs, vocab, tmp_path / "a", _params(), log=_quiet, workers=1)
-    run_shards(docs, vocab, tmp_path / "b", _params(), log=_quiet, workers=2)
-    for fa, fb in zip(shards.list_shards(tmp_path / "a"), shards.list_shards(tmp_path / "b")):
+    run_shards(docs, vocab, tmp_path / "a", _params(workers=1), log=_quiet)
+    run_shards(docs, vocab, tmp_path / "b", _params(workers=2), log=_quiet)
+    for fa, fb in zip(list_shards(tmp_path / "a"), list_shards(tmp_path / "b")):
         assert fa.read_bytes() == fb.read_bytes()  # same seed and shard count -> byte-identical
     run_shards(docs, vocab, tmp_path / "c", _params(seed=8), log=_quiet)
-    assert shards.list_shards(tmp_path / "c")[0].read_bytes() != shards.list_shards(tmp_path / "a")[0].read_bytes()
+    assert list_shards(tmp_path / "c")[0].read_bytes() != list_shards(tmp_path / "a")[0].read_bytes()
     run_shards(docs, vocab, tmp_path / "dyn", _params(dynamic_masking=True, wwm=True), log=_quiet)
-    for fa, fd in zip(shards.list_shards(tmp_path / "a"), shards.list_shards(tmp_path / "dyn")):
+    for fa, fd in zip(list_shards(tmp_path / "a"), list_shards(tmp_path / "dyn")):
         a, dyn = shards.read_shard(fa), shards.read_shard(fd)
-        assert shards.shard_kind(fd) == "dynamic" and "masked_lm_positions" not in dyn
-        assert shards.read_attrs(fd)["mask_id"] == 4 and dyn["word_starts"].shape == dyn["input_ids"].shape
+        assert ShardSet.open(fd).kind == "dynamic" and "masked_lm_positions" not in dyn
+        assert read_attrs(fd)["mask_id"] == 4 and dyn["word_starts"].shape == dyn["input_ids"].shape
         # the same instances: restoring the labels at the masked positions gives the unmasked pairs
         ids = a["input_ids"].copy()
         rows, slots = np.nonzero(a["masked_lm_positions"])
@@ -154,11 +156,9 @@ def test_distinct_seeds_per_shard(setup, tmp_path):
     spill = tmp_path / "spill.txt"
     spill.write_text((docs / "docs_0.txt").read_text())
     params = _params()
-    import dataclasses
-
     outs = []
     for i in (0, 1):
-        job = Job(i, "train", str(spill), str(tmp_path / f"s{i}.hdf5"), dataclasses.asdict(params), "h", str(vocab), None)
+        job = Job(i, "train", str(spill), str(tmp_path / f"s{i}.hdf5"), params.content(), "h", str(vocab), None)
         build_shard(job)
         outs.append(shards.read_shard(tmp_path / f"s{i}.hdf5"))
     # the same documents, different shard index -> different instances and masks
@@ -205,7 +205,7 @@ def test_errors(setup, tmp_path):
 def test_masked_count_formula_in_shards_wwm(setup, tmp_path):
     d, docs, vocab = setup
     run_shards(docs, vocab, tmp_path / "w", _params(wwm=True, num_shards=1), log=_quiet)
-    a = shards.read_shard(shards.list_shards(tmp_path / "w")[0])
+    a = shards.read_shard(list_shards(tmp_path / "w")[0])
     k = (a["masked_lm_positions"] > 0).sum(1)
     assert np.all(k <= num_to_predict(a["input_mask"].sum(1), 8, 0.15))
     assert k.mean() > 0.8 * num_to_predict(a["input_mask"].sum(1), 8, 0.15).mean()

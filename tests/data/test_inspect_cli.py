@@ -11,6 +11,7 @@ import pytest
 from bertforge.cli import main
 from bertforge.data import shards
 from bertforge.data.inspect import inspect_paths
+from bertforge.data.shardset import ShardSet, list_shards
 
 
 def _nvidia_shard(path, n=50, seq=32, pred=5, seed=0):
@@ -41,7 +42,7 @@ def _nvidia_shard(path, n=50, seq=32, pred=5, seed=0):
 
 def test_inspect_nvidia_shard(tmp_path):
     lens = _nvidia_shard(tmp_path / "hdf5_shard_0.hdf5")
-    assert shards.shard_kind(tmp_path / "hdf5_shard_0.hdf5") == "nvidia"
+    assert ShardSet.open(tmp_path / "hdf5_shard_0.hdf5").kind == "nvidia"
     res = inspect_paths([tmp_path])
     t = res["total"]
     assert t["rows"] == t["sequences"] == 50 and t["tokens"] == lens.sum()
@@ -94,7 +95,7 @@ def test_cli_chain_and_prepare(tmp_path, tiny_corpus, capsys):
     assert main(["data", "shards", "--docs", str(tmp_path / "docs"), "--vocab", str(tmp_path / "vocab"),
                  "--out", str(tmp_path / "sh"), "--seq-len", "32", "--max-pred", "5", "--dupe-factor", "2",
                  "--shards", "2", "--dynamic-masking"]) == 0
-    assert [shards.shard_kind(p) for p in shards.list_shards(tmp_path / "sh")] == ["dynamic", "dynamic"]
+    assert [ShardSet.open(p).kind for p in list_shards(tmp_path / "sh")] == ["dynamic", "dynamic"]
     assert main(["data", "shards", "--docs", str(tmp_path / "docs"), "--vocab", str(tmp_path / "vocab"),
                  "--out", str(tmp_path / "bad"), "--seq-len", "4"]) == 2
     assert "seq-len" in capsys.readouterr().err
@@ -104,7 +105,7 @@ def test_cli_chain_and_prepare(tmp_path, tiny_corpus, capsys):
                  "--set", "vocab.vocab_size=150", "--set", "shards.eval_fraction=0.3",
                  "--set", "shards.dupe_factor=2"]) == 0
     assert (out / "vocab" / "vocab.txt").is_file() and (out / "vocab" / "tokenizer.json").is_file()
-    assert len(shards.list_shards(out / "shards")) == 4 and len(shards.list_shards(out / "eval")) == 1
+    assert len(list_shards(out / "shards")) == 4 and len(list_shards(out / "eval")) == 1
     man = json.loads((out / "shards" / "manifest.json").read_text())
     assert man["split"] == "train" and man["instances"] > 0
 

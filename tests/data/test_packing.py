@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 from bertforge.data import packing as pk
-from bertforge.data.shards import read_shard, shard_kind, write_shard
+from bertforge.data import packing_algorithms as pa
+from bertforge.data import packing_rows as pr
+from bertforge.data.shards import read_shard, write_shard
+from bertforge.data.shardset import PACKED_SCHEMA, ShardSet
 from bertforge.errors import UserError
 
 
@@ -39,14 +42,14 @@ def test_strategy_packs_every_sequence_once_within_limits(algorithm, k):
     rng = np.random.default_rng(k)
     S = 64
     lengths = np.concatenate([rng.integers(1, S + 1, 3000), np.full(500, S), rng.integers(1, 9, 700)])
-    h = pk.length_histogram(lengths, S)
-    st = pk.pack_histogram(h, S, k, algorithm)
+    h = pa.length_histogram(lengths, S)
+    st = pa.pack_histogram(h, S, k, algorithm)
     st.check(h)  # every length count exactly, no pack over S or over k
     assert all(len(c) <= k and sum(c) <= S for c in st.combos)
     assert st.sequences == len(lengths)
     if k == 1:
         assert st.packs == len(lengths)
-    packs = pk.assign_packs(lengths, st, np.random.default_rng(0))
+    packs = pa.assign_packs(lengths, st, np.random.default_rng(0))
     used = packs[packs >= 0]
     assert np.array_equal(np.sort(used), np.arange(len(lengths)))  # each sample exactly once
     per = np.where(packs >= 0, lengths[np.maximum(packs, 0)], 0).sum(1)
@@ -54,11 +57,11 @@ def test_strategy_packs_every_sequence_once_within_limits(algorithm, k):
 
 
 def test_strategy_check_catches_errors():
-    h = pk.length_histogram(np.array([3, 3, 5]), 8)
-    bad = pk.Strategy([(5, 3)], np.array([1]), 8, 3)  # one 3 missing
+    h = pa.length_histogram(np.array([3, 3, 5]), 8)
+    bad = pa.Strategy([(5, 3)], np.array([1]), 8, 3)  # one 3 missing
     with pytest.raises(AssertionError):
         bad.check(h)
-    over = pk.Strategy([(5, 3, 3)], np.array([1]), 8, 3)  # 11 > 8
+    over = pa.Strategy([(5, 3, 3)], np.array([1]), 8, 3)  # 11 > 8
     with pytest.raises(AssertionError):
         over.check(h)
 
@@ -66,30 +69,30 @@ def test_strategy_check_catches_errors():
 def test_known_small_cases():
     # two halves make one full row; lpfhp distributes a length over one pack, nnlshp solves for it, while
     # spfhp (as Graphcore's reference) opens one pack per sequence for a length that fits nowhere yet
-    h = pk.length_histogram(np.array([4, 4, 8]), 8)
+    h = pa.length_histogram(np.array([4, 4, 8]), 8)
     for alg in ("lpfhp", "nnlshp"):
-        st = pk.pack_histogram(h, 8, 3, alg)
+        st = pa.pack_histogram(h, 8, 3, alg)
         assert st.packs == 2 and st.efficiency == 1.0
-    assert pk.spfhp(h, 8, 3).packs == 3
+    assert pa.spfhp(h, 8, 3).packs == 3
     # shortest-pack-first puts a sequence into the pack with the most room, longest-pack-first the least
-    h = pk.length_histogram(np.array([6, 4, 2]), 8)
-    assert set(pk.spfhp(h, 8, 2).combos) == {(6,), (4, 2)}
-    assert set(pk.lpfhp(h, 8, 2).combos) == {(6, 2), (4,)}
+    h = pa.length_histogram(np.array([6, 4, 2]), 8)
+    assert set(pa.spfhp(h, 8, 2).combos) == {(6,), (4, 2)}
+    assert set(pa.lpfhp(h, 8, 2).combos) == {(6, 2), (4,)}
 
 
 def test_lengths_out_of_range_are_an_error():
     with pytest.raises(UserError):
-        pk.length_histogram(np.array([0, 3]), 8)
+        pa.length_histogram(np.array([0, 3]), 8)
     with pytest.raises(UserError):
-        pk.length_histogram(np.array([9]), 8)
+        pa.length_histogram(np.array([9]), 8)
 
 
 def test_assignment_is_deterministic_and_shuffled():
     lengths = np.random.default_rng(0).integers(1, 33, 2000)
-    st = pk.lpfhp(pk.length_histogram(lengths, 32), 32, 3)
-    a = pk.assign_packs(lengths, st, np.random.default_rng(5))
-    b = pk.assign_packs(lengths, st, np.random.default_rng(5))
-    c = pk.assign_packs(lengths, st, np.random.default_rng(6))
+    st = pa.lpfhp(pa.length_histogram(lengths, 32), 32, 3)
+    a = pa.assign_packs(lengths, st, np.random.default_rng(5))
+    b = pa.assign_packs(lengths, st, np.random.default_rng(5))
+    c = pa.assign_packs(lengths, st, np.random.default_rng(6))
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
@@ -97,9 +100,9 @@ def test_packed_rows_content():
     S, P = 32, 6
     s = make_samples(4, S, P, lengths=[10, 12, 32, 5])
     packs = np.array([[0, 1, 3], [2, -1, -1], [3, -1, -1]])  # row 0: 27 tokens + 5 padding; row 2 ends in padding
-    rows = pk.build_packed_rows(s, packs, width=P + 3)
-    assert set(rows) == set(pk.PACKED_SCHEMA)
-    assert {k: v.dtype for k, v in rows.items()} == {k: np.dtype(t) for k, t in pk.PACKED_SCHEMA.items()}
+    rows = pr.build_packed_rows(s, packs, width=P + 3)
+    assert set(rows) == set(PACKED_SCHEMA)
+    assert {k: v.dtype for k, v in rows.items()} == {k: np.dtype(t) for k, t in PACKED_SCHEMA.items()}
     r = {k: v[0] for k, v in rows.items()}
     assert np.array_equal(r["input_ids"][:10], s["input_ids"][0, :10])
     assert np.array_equal(r["input_ids"][10:22], s["input_ids"][1, :12])
@@ -133,21 +136,21 @@ def test_mlm_width_never_overflows():
         n = int(s["input_mask"][i].sum())
         k = min(P, n - 1)
         s["masked_lm_positions"][i, :k] = np.arange(1, k + 1)
-    packed = pk.pack_samples(s, max_per_pack=3, rng=np.random.default_rng(0))
+    packed = pr.pack_samples(s, max_per_pack=3, rng=np.random.default_rng(0))
     assert packed["masked_lm_positions"].shape[1] > P + 3
     assert (packed["masked_lm_positions"] != 0).sum() == (s["masked_lm_positions"] != 0).sum()
     with pytest.raises(ValueError):
-        pk.pack_samples(s, max_per_pack=3, rng=np.random.default_rng(0), width=P + 3)
+        pr.pack_samples(s, max_per_pack=3, rng=np.random.default_rng(0), width=P + 3)
 
 
 def test_pack_samples_on_the_fly_keeps_every_token():
     s = make_samples(200, 64, 10, seed=1)
-    packed = pk.pack_samples(s, max_per_pack=3, algorithm="spfhp", rng=np.random.default_rng(1))
+    packed = pr.pack_samples(s, max_per_pack=3, algorithm="spfhp", rng=np.random.default_rng(1))
     assert len(packed["input_ids"]) < 200
     assert packed["next_sentence_weights"].sum() == 200
     assert np.array_equal(np.sort(packed["input_ids"][packed["input_mask"] > 0]),
                           np.sort(s["input_ids"][s["input_mask"] > 0]))
-    inputs = pk.packed_model_inputs(packed)
+    inputs = pr.packed_model_inputs(packed)
     assert set(inputs) == {"input_ids", "attention_mask", "token_type_ids", "position_ids", "masked_positions",
                            "masked_labels", "nsp_positions", "nsp_labels"}
     w = packed["next_sentence_weights"] > 0
@@ -208,7 +211,7 @@ def test_pack_shards_round_trip_resume_and_determinism(tmp_path):
     out = tmp_path / "out"
     files = sorted(out.glob("packed_*.hdf5"))
     assert [f.name for f in files] == meta["shards"] and len(files) == 2
-    assert shard_kind(files[0]) == "packed"
+    assert ShardSet.open(files[0]).kind == "packed"
     rows = [read_shard(f) for f in files]
     merged = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     assert sequences_of_packed(merged) == sequences_of_unpacked(data)  # every sequence exactly once, intact

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge.data import packing as pk
+from bertforge.data import packing_rows as pr
 from bertforge.model import BertConfig, build_model
 
 S, P, V = 48, 8, 97
@@ -63,11 +63,11 @@ def test_packed_equals_unpacked(case, attention):
     lengths, packs = CASES[case]
     s = samples(lengths, seed=len(lengths))
     packs = np.array(packs)
-    rows = pk.build_packed_rows(s, packs)
+    rows = pr.build_packed_rows(s, packs)
     assert (rows["input_mask"][:, -1] == 0).any()  # some pack ends in padding
     model = model_for(attention)
-    ref, ref_g = loss_and_grads(model, pk.unpacked_model_inputs(s))
-    got, got_g = loss_and_grads(model, pk.packed_model_inputs(rows))
+    ref, ref_g = loss_and_grads(model, pr.unpacked_model_inputs(s))
+    got, got_g = loss_and_grads(model, pr.packed_model_inputs(rows))
     assert int(got.mlm_count) == int(ref.mlm_count) and int(got.nsp_count) == int(ref.nsp_count) == len(lengths)
     torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got.mlm_loss, ref.mlm_loss, atol=1e-5, rtol=1e-5)
@@ -81,11 +81,11 @@ def test_packed_equals_unpacked(case, attention):
 def test_packed_equals_unpacked_through_the_algorithms(algorithm):
     rng = np.random.default_rng(3)
     s = samples(rng.integers(3, S + 1, 24), seed=5)
-    rows = pk.pack_samples(s, max_per_pack=3, algorithm=algorithm, rng=np.random.default_rng(1))
+    rows = pr.pack_samples(s, max_per_pack=3, algorithm=algorithm, rng=np.random.default_rng(1))
     assert len(rows["input_ids"]) < 24
     model = model_for("sdpa")
-    ref, ref_g = loss_and_grads(model, pk.unpacked_model_inputs(s))
-    got, got_g = loss_and_grads(model, pk.packed_model_inputs(rows))
+    ref, ref_g = loss_and_grads(model, pr.unpacked_model_inputs(s))
+    got, got_g = loss_and_grads(model, pr.packed_model_inputs(rows))
     torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=1e-5)
     for name in ref_g:
         torch.testing.assert_close(got_g[name], ref_g[name], atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
@@ -95,10 +95,10 @@ def test_cross_contamination_would_be_caught():
     """Sanity of the test itself: without the sequence index (all real tokens in one block) the loss differs."""
     lengths, packs = CASES["k3"]
     s = samples(lengths, seed=len(lengths))
-    rows = pk.build_packed_rows(s, np.array(packs))
+    rows = pr.build_packed_rows(s, np.array(packs))
     model = model_for("sdpa")
-    ref, _ = loss_and_grads(model, pk.unpacked_model_inputs(s))
-    leaky = pk.packed_model_inputs(rows)
+    ref, _ = loss_and_grads(model, pr.unpacked_model_inputs(s))
+    leaky = pr.packed_model_inputs(rows)
     leaky["attention_mask"] = (leaky["attention_mask"] > 0).long()
     bad, _ = loss_and_grads(model, leaky)
     assert not torch.allclose(bad.loss, ref.loss, atol=1e-4)
@@ -108,9 +108,9 @@ def test_packed_equals_unpacked_bf16_autocast():
     """bf16 (the GPU default) agrees loosely: the same maths, rounded differently."""
     lengths, packs = CASES["k3"]
     s = samples(lengths, seed=len(lengths))
-    rows = pk.build_packed_rows(s, np.array(packs))
+    rows = pr.build_packed_rows(s, np.array(packs))
     model = model_for("sdpa")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ref = model(**pk.unpacked_model_inputs(s)).loss
-        got = model(**pk.packed_model_inputs(rows)).loss
+        ref = model(**pr.unpacked_model_inputs(s)).loss
+        got = model(**pr.packed_model_inputs(rows)).loss
     torch.testing.assert_close(got.float(), ref.float(), atol=0.05, rtol=0.02)

@@ -8,6 +8,7 @@ import pytest
 
 from bertforge.data import shards
 from bertforge.data.instances import mask_batch, mask_tokens, num_to_predict, reference_mask_tokens
+from bertforge.data.shardset import ShardSet, list_shards, read_attrs
 from bertforge.data.vocab import continuation_table, load_tokenizer, special_ids, train_wordpiece
 from bertforge.errors import UserError
 
@@ -31,7 +32,7 @@ def test_round_trip_and_kind(tmp_path):
     assert set(a) == set(b)
     for k in a:
         assert b[k].dtype == a[k].dtype and np.array_equal(a[k], b[k])
-    assert shards.shard_kind(path) == "nvidia"
+    assert ShardSet.open(path).kind == "nvidia"
     with h5py.File(path) as f:
         assert f["input_ids"].compression == "gzip"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
@@ -48,10 +49,10 @@ def test_dynamic_and_packed_kinds(tmp_path):
     a = _arrays()
     dyn = {k: a[k] for k in ("input_ids", "input_mask", "segment_ids", "next_sentence_labels")}
     p = shards.write_shard(tmp_path / "d.hdf5", dyn, attrs={"bertforge_kind": "dynamic", "mask_id": 103})
-    assert shards.shard_kind(p) == "dynamic"
-    assert shards.read_attrs(p)["mask_id"] == 103
+    assert ShardSet.open(p).kind == "dynamic"
+    assert read_attrs(p)["mask_id"] == 103
     packed = dict(a, next_sentence_positions=np.zeros((5, 3), np.int32))
-    assert shards.shard_kind(shards.write_shard(tmp_path / "p.hdf5", packed)) == "packed"
+    assert ShardSet.open(shards.write_shard(tmp_path / "p.hdf5", packed)).kind == "packed"
 
 
 def test_list_shards_numeric(tmp_path):
@@ -59,7 +60,7 @@ def test_list_shards_numeric(tmp_path):
         shards.write_shard(tmp_path / f"train_{i}.hdf5", _arrays(2))
     (tmp_path / ".train_3.hdf5.tmp1").write_bytes(b"x")
     (tmp_path / "manifest.json").write_text("{}")
-    assert [p.name for p in shards.list_shards(tmp_path)] == ["train_1.hdf5", "train_2.hdf5", "train_10.hdf5"]
+    assert [p.name for p in list_shards(tmp_path)] == ["train_1.hdf5", "train_2.hdf5", "train_10.hdf5"]
 
 
 def test_truncated_and_corrupt(tmp_path):

@@ -194,3 +194,15 @@ def test_pack_per_row_needs_dynamic_shards(shards):
 
     with pytest.raises(ConfigError, match="bertforge pack"):
         PretrainLoader.from_dir(shards, 4, 4, 0, 1, seed=0, num_workers=0, pack_per_row=3)
+
+
+def test_loader_reads_through_a_shardset(shards):
+    from bertforge.data.shardset import ShardSet
+
+    s = ShardSet.open(shards)
+    by_dir = PretrainLoader.from_dir(shards, 8, 4, 0, 1, seed=2, num_workers=0, chunk_rows=16)
+    by_set = PretrainLoader.from_dir(s, 8, 4, 0, 1, seed=2, num_workers=0, chunk_rows=16)
+    assert by_dir.shards is s and by_set.shards is s and by_dir.kind == s.kind == "nvidia"
+    assert by_dir.spec.files == [str(f) for f in s.files] and sum(by_dir.spec.rows) == s.rows
+    for x, y in zip(_take(by_dir.iterate(), 3), _take(by_set.iterate(), 3)):
+        _eq(x, y)

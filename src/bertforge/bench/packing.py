@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from bertforge.data import packing as pk
+from bertforge.data import packing_algorithms as pa
+from bertforge.data import packing_rows as pr
 
 
 @functools.lru_cache(maxsize=4)
@@ -42,15 +44,15 @@ def algorithm(algorithm: str = "lpfhp", n: int = 16_000_000, max_per_pack: int =
     """Histogram + strategy for n lengths (the packing algorithm proper); optionally the index assignment too."""
     lengths = wiki_like_lengths(n, seq_len)  # cached: generated during the untimed warm-up call
     t0 = time.perf_counter()
-    hist = pk.length_histogram(lengths, seq_len)
-    strategy = pk.pack_histogram(hist, seq_len, max_per_pack, algorithm)
+    hist = pa.length_histogram(lengths, seq_len)
+    strategy = pa.pack_histogram(hist, seq_len, max_per_pack, algorithm)
     seconds = time.perf_counter() - t0
     strategy.check(hist)
     out = {"pack_s": seconds, "efficiency": strategy.efficiency, "speedup": n / strategy.packs,
            "padding_before": 1 - lengths.sum(dtype=np.int64) / (n * seq_len), "sequences": float(n)}
     if assign:
         t1 = time.perf_counter()
-        pk.assign_packs(lengths, strategy, np.random.default_rng(0))
+        pa.assign_packs(lengths, strategy, np.random.default_rng(0))
         out["assign_s"] = time.perf_counter() - t1
     return out
 
@@ -109,14 +111,15 @@ def memory(rows: int = 4000, rows_per_shard: int = 1000, seq_len: int = 512, max
 
 def _batches(directory: str, kind: str, micro_batch: int, count: int, seed: int = 0) -> list[dict[str, Any]]:
     """`count` batches of rows drawn at random from all shards (so their padding is the data set's)."""
-    from bertforge.data.shards import list_shards, read_shard
+    from bertforge.data.shards import read_shard
+    from bertforge.data.shardset import ShardSet
 
-    parts = [read_shard(f) for f in list_shards(directory)]  # benchmark-sized data: fine to read whole
+    parts = [read_shard(f) for f in ShardSet.open(directory).files]  # benchmark-sized data: fine to read whole
     rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     pick = np.random.default_rng(seed).permutation(len(rows["input_ids"]))[: micro_batch * count]
     if len(pick) < micro_batch * count:
         raise ValueError(f"{directory}: fewer than {count} batches of {micro_batch} rows")
-    convert = pk.packed_model_inputs if kind == "packed" else pk.unpacked_model_inputs
+    convert = pr.packed_model_inputs if kind == "packed" else pr.unpacked_model_inputs
     out = []
     for b in range(count):
         batch = {k: v[pick[b * micro_batch:(b + 1) * micro_batch]] for k, v in rows.items()}

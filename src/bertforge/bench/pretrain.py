@@ -50,7 +50,8 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
     Evaluation time is excluded. `curve`: a JSON-lines file that gets (train_s, step, acc) after every
     evaluation. Returns seconds (inf if the limit was reached), steps and final accuracy.
     """
-    from bertforge.data.loader import PretrainLoader, eval_batches as eval_iter, read_manifest
+    from bertforge.data.loader import PretrainLoader, eval_batches as eval_iter
+    from bertforge.data.shardset import ShardSet
 
     cpu = torch.device("cpu")
     precision = dev.resolve_precision(precision, cpu)
@@ -58,7 +59,7 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
         torch.manual_seed(0)
         it = PretrainLoader.from_dir(data_dir, batch, batch, 0, 1, seed=0, num_workers=1).iterate()
         evals = list(eval_iter(eval_dir, batch, max_batches=eval_batches))
-        vocab = int(read_manifest(data_dir).get("vocab_size", 0)) or _vocab_from_shards(data_dir, 8)
+        vocab = ShardSet.open(data_dir).vocab_size or _vocab_from_shards(data_dir, 8)
         config = BertConfig.from_preset(preset, vocab_size=vocab, max_position_embeddings=512)
         model, opt, base_lr, kind, update = _tta_side(impl, config, lr, precision)
         train_s, step, acc = 0.0, 0, 0.0
@@ -81,12 +82,12 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
 
 
 def _vocab_from_shards(data_dir: str, at_least: int) -> int:
-    from bertforge.data.loader import shard_files
-
     import h5py
 
+    from bertforge.data.shardset import ShardSet
+
     top = at_least
-    for f in shard_files(data_dir):
+    for f in ShardSet.open(data_dir).files:
         with h5py.File(f, "r") as h:
             top = max(top, int(h["input_ids"][:].max()) + 1, int(h["masked_lm_ids"][:].max()) + 1)
     return top

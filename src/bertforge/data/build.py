@@ -32,6 +32,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from bertforge.data import shards as shardio
+from bertforge.data.config import ShardsConfig
+from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.errors import UserError
 
 BLOCK_ROWS = 4096
@@ -39,37 +41,6 @@ BLOCK_ROWS = 4096
 TOKENIZE_LINES = 8192
 """Lines per `encode_batch_fast` call."""
 ASSIGN_DRAWS = 1 << 16
-
-
-@dataclasses.dataclass
-class ShardParams:
-    """Everything that determines a shard's bytes (hashed into each shard and the manifest).
-
-    The fields mirror `bertforge.data.config.ShardsConfig` (documented there) under the CLI's names; kept
-    separate so the CLI's error messages name the flags (`--seq-len`) and the config's the keys.
-    """
-
-    seq_len: int = 128
-    max_pred: int = 20
-    masked_lm_prob: float = 0.15
-    short_seq_prob: float = 0.1
-    dupe_factor: int = 10
-    num_shards: int = 16
-    seed: int = 12345
-    wwm: bool = False
-    dynamic_masking: bool = False
-    eval_fraction: float = 0.0
-    eval_shards: int = 1
-
-    def validate(self) -> None:
-        if self.seq_len < 8:
-            raise UserError(f"--seq-len must be at least 8 ([CLS] A [SEP] B [SEP] needs room), got {self.seq_len}")
-        if self.max_pred < 1 or self.dupe_factor < 1 or self.num_shards < 1 or self.eval_shards < 1:
-            raise UserError("--max-pred, --dupe-factor and --shards must be at least 1")
-        if not 0 < self.masked_lm_prob < 1 or not 0 <= self.short_seq_prob <= 1:
-            raise UserError("masked_lm_prob must be in (0, 1) and short_seq_prob in [0, 1]")
-        if not 0 <= self.eval_fraction < 1:
-            raise UserError(f"eval fraction must be in [0, 1), got {self.eval_fraction}")
 
 
 # ------------------------------------------------------------------------------------------- documents in
@@ -80,7 +51,7 @@ def document_files(docs: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     for item in items:
         p = Path(item)
         if p.is_dir():
-            files += sorted(p.glob("*.txt"), key=shardio._natural_key)
+            files += sorted(p.glob("*.txt"), key=natural_key)
         elif p.is_file():
             files.append(p)
         else:
@@ -123,18 +94,6 @@ class Job:
     params_hash: str
     vocab: str
     lowercase: bool | None
-
-
-_TOKENIZER_CACHE: dict[tuple[str, bool | None], Any] = {}
-
-
-def _tokenizer(path: str, lowercase: bool | None):
-    key = (path, lowercase)
-    if key not in _TOKENIZER_CACHE:
-        from bertforge.data.vocab import load_tokenizer
-
-        _TOKENIZER_CACHE[key] = load_tokenizer(path, lowercase)
-    return _TOKENIZER_CACHE[key]
 
 
 _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -237,19 +196,19 @@ def tokenize_spill(path: str, tok) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 def build_shard(job: Job) -> dict[str, Any]:
     """Build one shard from its spill file; returns its manifest entry."""
     from bertforge.data.instances import build_rows, create_instance_specs, mask_batch
-    from bertforge.data.vocab import continuation_table, special_ids
+    from bertforge.data.vocab import continuation_table, load_tokenizer, special_ids
 
     t0 = time.perf_counter()
-    p = ShardParams(**job.params)
+    p = ShardsConfig(**job.params)
     out = Path(job.out)
     if out.is_file():
         try:
-            attrs = shardio.read_attrs(out)
+            attrs = read_attrs(out)
         except UserError:
             attrs = {}
         if attrs.get("bertforge_params") == job.params_hash:
             return _entry(out, job, int(attrs.get("documents", 0)), int(attrs.get("tokens", 0)), skipped=True)
-    tok = _tokenizer(job.vocab, job.lowercase)
+    tok = load_tokenizer(job.vocab, job.lowercase, cache=True)  # once per worker process
     sp = special_ids(tok, job.vocab)
     vocab_size = tok.get_vocab_size()
     tokens, offsets, doc_first, doc_count, _ = tokenize_spill(job.spill, tok)
@@ -280,7 +239,7 @@ def build_shard(job: Job) -> dict[str, Any]:
         "segment_ids": ((n, S), np.int8),
     }
     if p.dynamic_masking:
-        attrs[shardio.KIND_ATTR] = "dynamic"
+        attrs[KIND_ATTR] = "dynamic"
         if p.wwm:
             layout["word_starts"] = ((n, S), np.int8)
     else:
@@ -330,8 +289,8 @@ def _entry(out: Path, job: Job, docs: int, tokens: int, skipped: bool = False, s
 
 
 # ------------------------------------------------------------------------------------------- the driver
-def params_hash(params: ShardParams, vocab_sha: str, docs_sig: str) -> str:
-    blob = json.dumps({"params": dataclasses.asdict(params), "vocab": vocab_sha, "docs": docs_sig}, sort_keys=True)
+def params_hash(params: ShardsConfig, vocab_sha: str, docs_sig: str) -> str:
+    blob = json.dumps({"params": params.content(), "vocab": vocab_sha, "docs": docs_sig}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -357,13 +316,13 @@ def run_shards(
     docs: str | os.PathLike | Sequence[str | os.PathLike],
     vocab: str | os.PathLike,
     out_dir: str | os.PathLike,
-    params: ShardParams,
+    params: ShardsConfig,
     eval_dir: str | os.PathLike | None = None,
     lowercase: bool | None = None,
-    workers: int | None = None,
     log=print,
 ) -> dict[str, Any]:
-    """Write `params.num_shards` training shards into out_dir (and eval shards into eval_dir); the manifest."""
+    """Write `params.num_shards` training shards into out_dir (and eval shards into eval_dir, when
+    params.eval_fraction > 0) with `params.workers` processes (0 = one per core); returns the manifests."""
     from bertforge.data.vocab import load_tokenizer, special_ids, vocab_hash
 
     params.validate()
@@ -375,27 +334,18 @@ def run_shards(
         _check_writable(ev)
     # load once here to fail early on a bad vocab (the workers load their own copy)
     tok = load_tokenizer(vocab, lowercase)
-    sp = special_ids(tok, vocab)
-    vocab_size = tok.get_vocab_size()
+    vocab_info = {"vocab": str(Path(vocab).resolve()), "vocab_sha256": vocab_hash(vocab),
+                  "vocab_size": tok.get_vocab_size(), "special": special_ids(tok, vocab)}
     del tok
-    vsha = vocab_hash(vocab)
-    phash = params_hash(params, vsha, _docs_signature(files))
+    phash = params_hash(params, vocab_info["vocab_sha256"], _docs_signature(files))
 
-    # 1. stream the documents into per-shard spill files
     t0 = time.perf_counter()
     spill_dir = out / f".spill-{os.getpid()}"
     spill_dir.mkdir(parents=True, exist_ok=True)
-    jobs: list[Job] = []
-    names = [("train", i, out / f"train_{i}.hdf5") for i in range(params.num_shards)]
-    if ev is not None:
-        names += [("eval", i, ev / f"eval_{i}.hdf5") for i in range(params.eval_shards)]
-    n_workers = max(1, min(workers or (os.cpu_count() or 1), len(names)))
-    for kind, i, path in names:
-        jobs.append(
-            Job(i, kind, str(spill_dir / f"{kind}_{i}.txt"), str(path), dataclasses.asdict(params), phash,
-                str(vocab), lowercase)
-        )
+    jobs = _jobs(params, phash, out, ev, spill_dir, vocab, lowercase)
+    n_workers = max(1, min(params.workers or (os.cpu_count() or 1), len(jobs)))
     try:
+        # 1. stream the documents into per-shard spill files; 2. build the shards from them
         n_docs, n_chars = _spill(files, jobs, params)
         if n_docs == 0:
             raise UserError(f"no documents in {', '.join(map(str, files[:3]))}: the corpus is empty")
@@ -405,40 +355,58 @@ def run_shards(
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
     wall = time.perf_counter() - t0
-    manifest_common = {
-        "format": "bertforge-dynamic" if params.dynamic_masking else "nvidia-hdf5",
-        "kind": "dynamic" if params.dynamic_masking else "nvidia",
-        "params": dataclasses.asdict(params),
-        "seq_len": params.seq_len,
-        "max_pred": params.max_pred,
-        "masked_lm_prob": params.masked_lm_prob,
-        "wwm": params.wwm,
-        "vocab": str(Path(vocab).resolve()),
-        "vocab_sha256": vsha,
-        "vocab_size": vocab_size,
-        "special_ids": [sp.get("pad", 0), sp["cls"], sp["sep"]],
-        "mask_id": sp["mask"],
-        "params_hash": phash,
-        "documents_source": [str(f.resolve()) for f in files],
-    }
+    # 3. the manifests
     result: dict[str, Any] = {"wall_s": wall}
-    for kind, d in (("train", out), ("eval", ev)):
-        if d is None:
-            continue
-        mine = sorted((e for e in entries if e["kind"] == kind), key=lambda e: e["index"])
-        manifest = dict(manifest_common, split=kind, shards=mine,
-                        instances=sum(e["instances"] for e in mine),
-                        documents=sum(e["documents"] for e in mine),
-                        tokens=sum(e["tokens"] for e in mine))
-        shardio.write_manifest(d, manifest)
-        result[kind] = manifest
+    result.update(_write_manifests(params, phash, vocab_info, files, entries, {"train": out, "eval": ev}))
     total = sum(e["instances"] for e in entries)
     log(f"data shards: {total} instances in {len(entries)} shards, {wall:.1f}s "
         f"({n_docs / wall:,.0f} docs/s, {sum(e['tokens'] for e in entries) / wall / 1e6:.2f} M tokens/s)")
     return result
 
 
-def _spill(files: Sequence[Path], jobs: Sequence[Job], params: ShardParams) -> tuple[int, int]:
+def _jobs(params: ShardsConfig, phash: str, out: Path, ev: Path | None, spill_dir: Path, vocab: str | os.PathLike,
+          lowercase: bool | None) -> list[Job]:
+    """One job per output shard: training shards train_I.hdf5 in out, eval shards eval_I.hdf5 in ev."""
+    names = [("train", i, out / f"train_{i}.hdf5") for i in range(params.num_shards)]
+    if ev is not None:
+        names += [("eval", i, ev / f"eval_{i}.hdf5") for i in range(params.eval_shards)]
+    return [Job(i, kind, str(spill_dir / f"{kind}_{i}.txt"), str(path), params.content(), phash, str(vocab), lowercase)
+            for kind, i, path in names]
+
+
+def _write_manifests(params: ShardsConfig, phash: str, vocab_info: dict[str, Any], files: Sequence[Path],
+                     entries: list[dict[str, Any]], dirs: dict[str, Path | None]) -> dict[str, Any]:
+    """manifest.json of the training (and eval) directory: parameters, vocab, counts, a sha256 per shard."""
+    sp = vocab_info["special"]
+    common = {
+        "format": "bertforge-dynamic" if params.dynamic_masking else "nvidia-hdf5",
+        "kind": "dynamic" if params.dynamic_masking else "nvidia",
+        "params": params.content(),
+        "seq_len": params.seq_len,
+        "max_pred": params.max_pred,
+        "masked_lm_prob": params.masked_lm_prob,
+        "wwm": params.wwm,
+        "vocab": vocab_info["vocab"],
+        "vocab_sha256": vocab_info["vocab_sha256"],
+        "vocab_size": vocab_info["vocab_size"],
+        "special_ids": [sp.get("pad", 0), sp["cls"], sp["sep"]],
+        "mask_id": sp["mask"],
+        "params_hash": phash,
+        "documents_source": [str(f.resolve()) for f in files],
+    }
+    result: dict[str, Any] = {}
+    for kind, d in dirs.items():
+        if d is None:
+            continue
+        mine = sorted((e for e in entries if e["kind"] == kind), key=lambda e: e["index"])
+        manifest = dict(common, split=kind, shards=mine, instances=sum(e["instances"] for e in mine),
+                        documents=sum(e["documents"] for e in mine), tokens=sum(e["tokens"] for e in mine))
+        shardio.write_manifest(d, manifest)
+        result[kind] = manifest
+    return result
+
+
+def _spill(files: Sequence[Path], jobs: Sequence[Job], params: ShardsConfig) -> tuple[int, int]:
     """Assign each document to a shard (seeded) and append it to that shard's spill file."""
     n_train = params.num_shards
     n_eval = sum(1 for j in jobs if j.kind == "eval")

@@ -85,16 +85,18 @@ def data_run(args: argparse.Namespace) -> int:
         run_vocab(args.docs, args.out, args.vocab_size, not args.cased, args.unused, args.min_frequency,
                   args.from_vocab)
     elif cmd == "shards":
-        from bertforge.data.build import ShardParams, run_shards
+        from bertforge.data.build import run_shards
+        from bertforge.data.config import ShardsConfig
 
-        params = ShardParams(
+        params = ShardsConfig(
             seq_len=args.seq_len, max_pred=args.max_pred, masked_lm_prob=args.masked_lm_prob,
             short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, num_shards=args.shards,
             seed=args.seed, wwm=args.wwm, dynamic_masking=args.dynamic_masking,
             eval_fraction=args.eval_fraction if args.eval_out else 0.0, eval_shards=args.eval_shards,
+            workers=args.workers,
         )
         run_shards(args.docs, args.vocab, args.out, params, eval_dir=args.eval_out,
-                   lowercase=False if args.cased else None, workers=args.workers or None)
+                   lowercase=False if args.cased else None)
     elif cmd == "prepare":
         from bertforge.config import load_config
 
@@ -133,7 +135,7 @@ def run_prepare(cfg: Any, log=print) -> dict[str, Any]:
     vocab dir, finished shards), so a re-run after an interruption resumes.
     """
     from bertforge.config import save_config
-    from bertforge.data.build import ShardParams, run_shards
+    from bertforge.data.build import run_shards
     from bertforge.data.documents import run_docs
 
     root = Path(cfg.output_dir)
@@ -151,13 +153,8 @@ def run_prepare(cfg: Any, log=print) -> dict[str, Any]:
         run_vocab(str(docs_dir), vocab_dir, cfg.vocab.vocab_size, cfg.vocab.lowercase,
                   cfg.vocab.unused_tokens, cfg.vocab.min_frequency, log=log)
     s = cfg.shards
-    params = ShardParams(
-        seq_len=s.seq_len, max_pred=s.max_pred, masked_lm_prob=s.masked_lm_prob, short_seq_prob=s.short_seq_prob,
-        dupe_factor=s.dupe_factor, num_shards=s.num_shards, seed=s.seed, wwm=s.wwm,
-        dynamic_masking=s.dynamic_masking, eval_fraction=s.eval_fraction, eval_shards=s.eval_shards,
-    )
-    result = run_shards(docs_dir, vocab_dir / "tokenizer.json", shards_dir, params,
-                        eval_dir=eval_dir if s.eval_fraction > 0 else None, workers=s.workers or None, log=log)
+    result = run_shards(docs_dir, vocab_dir / "tokenizer.json", shards_dir, s,
+                        eval_dir=eval_dir if s.eval_fraction > 0 else None, log=log)
     save_config(cfg, root / "data_config.yaml")
     log(f"data prepare: done in {time.perf_counter() - t0:.1f}s -> {shards_dir}"
         + (f", {eval_dir}" if s.eval_fraction > 0 else ""))

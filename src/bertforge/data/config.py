@@ -53,7 +53,8 @@ class VocabConfig:
 
 @dataclasses.dataclass
 class ShardsConfig:
-    """Pre-training instances (Google BERT create_pretraining_data) written as NVIDIA HDF5 shards."""
+    """Pre-training instances (Google BERT create_pretraining_data) written as NVIDIA HDF5 shards: the
+    parameters of `bertforge data shards` (its flags) and of the `shards:` section of `data prepare`."""
 
     seq_len: int = 128
     """max_seq_length: [CLS] A [SEP] B [SEP] padded to this."""
@@ -81,18 +82,26 @@ class ShardsConfig:
     """Worker processes building shards (0 = one per CPU core)."""
 
     def validate(self) -> None:
+        # each message names the config key and the `bertforge data shards` flag: both front ends use this
         if self.seq_len < 8:
-            raise ConfigError(f"shards.seq_len must be at least 8, got {self.seq_len}")
+            raise ConfigError(f"shards.seq_len (--seq-len) must be at least 8 ([CLS] A [SEP] B [SEP] needs room), "
+                              f"got {self.seq_len}")
         if not 0 < self.masked_lm_prob < 1:
-            raise ConfigError(f"shards.masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
+            raise ConfigError(f"shards.masked_lm_prob (--masked-lm-prob) must be in (0, 1), got {self.masked_lm_prob}")
         if self.max_pred < 1 or self.dupe_factor < 1 or self.num_shards < 1 or self.eval_shards < 1:
-            raise ConfigError("shards.max_pred, dupe_factor, num_shards and eval_shards must be >= 1")
+            raise ConfigError("shards.max_pred, dupe_factor, num_shards and eval_shards (--max-pred, --dupe-factor, "
+                              "--shards, --eval-shards) must be >= 1")
         if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise ConfigError(f"shards.short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
+            raise ConfigError(f"shards.short_seq_prob (--short-seq-prob) must be in [0, 1], got {self.short_seq_prob}")
         if self.workers < 0:
-            raise ConfigError(f"shards.workers must be >= 0, got {self.workers}")
+            raise ConfigError(f"shards.workers (--workers) must be >= 0, got {self.workers}")
         if not 0.0 <= self.eval_fraction < 1.0:
-            raise ConfigError(f"shards.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+            raise ConfigError(f"shards.eval_fraction (--eval-fraction) must be in [0, 1), got {self.eval_fraction}")
+
+    def content(self) -> dict:
+        """The settings that determine the shards' bytes (hashed into each shard and the manifest): all but
+        `workers`, so a re-run with another worker count still skips finished shards."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "workers"}
 
 
 @dataclasses.dataclass

@@ -19,108 +19,111 @@ from typing import Any, Sequence
 import h5py
 import numpy as np
 
-from bertforge.data import shards as shardio
 from bertforge.data.instances import num_to_predict
-from bertforge.errors import UserError
+from bertforge.data.shardset import ShardInfo, ShardSet
 
 BLOCK = 65536
 
 
-def _collect(paths: Sequence[str | Path]) -> list[Path]:
-    files: list[Path] = []
-    for p in paths:
-        p = Path(p)
-        if p.is_dir():
-            found = shardio.list_shards(p)
-            if not found:
-                raise UserError(f"{p} holds no .hdf5/.h5 shards")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UserError(f"{p} does not exist")
-    return files
+def _collect(paths: Sequence[str | Path]) -> list[ShardInfo]:
+    """The shards of each path (a directory or a shard file), read through `ShardSet`."""
+    return [info for p in paths for info in ShardSet.open(p).infos]
 
 
-def shard_stats(path: str | Path) -> dict[str, Any]:
+class _Counts:
+    """Running histograms and sums of one shard, block by block."""
+
+    def __init__(self, seq: int, max_pred: int):
+        self.len_hist = np.zeros(seq + 1, np.int64)
+        self.mask_hist = np.zeros(max(max_pred, 1) + 1, np.int64)
+        self.per_row_hist: np.ndarray | None = None
+        self.tokens = self.sequences = self.nsp_random = self.nsp_count = 0
+        self.max_id = -1
+
+    def add_lengths(self, lens: np.ndarray, labels: np.ndarray) -> None:
+        """lens: (n,) real tokens of each sequence; labels: NSP labels of the real sequences."""
+        self.len_hist += np.bincount(lens, minlength=self.len_hist.size)[: self.len_hist.size]
+        self.tokens += int(lens.sum())
+        self.sequences += int(lens.size)
+        self.nsp_random += int((labels == 1).sum())
+        self.nsp_count += int(labels.size)
+
+    def add_per_row(self, per_row: np.ndarray) -> None:
+        """per_row: (B,) sequences in each packed row."""
+        top = int(per_row.max(initial=0))
+        if self.per_row_hist is None or self.per_row_hist.size <= top:
+            grown = np.zeros(top + 1, np.int64)
+            if self.per_row_hist is not None:
+                grown[: self.per_row_hist.size] = self.per_row_hist
+            self.per_row_hist = grown
+        self.per_row_hist += np.bincount(per_row, minlength=self.per_row_hist.size)
+
+    def add_masked(self, m: np.ndarray) -> None:
+        """m: (B,) predictions per row."""
+        if m.size and m.max() >= self.mask_hist.size:
+            self.mask_hist = np.pad(self.mask_hist, (0, int(m.max()) + 1 - self.mask_hist.size))
+        self.mask_hist += np.bincount(m, minlength=self.mask_hist.size)[: self.mask_hist.size]
+
+
+def _packed_block(f: h5py.File, a: int, b: int, im: np.ndarray, c: _Counts) -> None:
+    """A packed block: input_mask (B, S) holds the sequence index 1..k of every token."""
+    k = int(im.max()) if im.size else 0
+    counts = np.stack([(im == v).sum(1) for v in range(1, k + 1)], 1) if k else np.zeros((b - a, 0), int)  # (B, k)
+    c.add_per_row((counts > 0).sum(1))
+    if "next_sentence_weights" in f:
+        labels = f["next_sentence_labels"][a:b][f["next_sentence_weights"][a:b] > 0]
+    else:
+        labels = np.zeros(0, np.int8)
+    c.add_lengths(counts[counts > 0], labels)  # one length per sequence
+
+
+def shard_stats(info: ShardInfo | str | Path) -> dict[str, Any]:
     """Statistics of one shard (see the module docstring); histograms as lists indexed by value."""
-    path = Path(path)
-    kind = shardio.shard_kind(path)
-    attrs = shardio.read_attrs(path)
-    with h5py.File(path, "r") as f:
-        for need in ("input_ids", "input_mask"):
-            if need not in f:
-                raise UserError(f"{path} has no {need} dataset; it is not a pre-training shard")
-        n, seq = f["input_ids"].shape
-        if "masked_lm_positions" in f:
-            max_pred = int(f["masked_lm_positions"].shape[1])
-        else:
-            max_pred = int(attrs.get("max_pred", 0))
-        len_hist = np.zeros(seq + 1, np.int64)
-        mask_hist = np.zeros(max(max_pred, 1) + 1, np.int64)
-        per_row_hist: np.ndarray | None = None
-        tokens = sequences = nsp_random = nsp_count = 0
-        max_id = -1
+    info = info if isinstance(info, ShardInfo) else ShardInfo.read(Path(info))
+    n, seq, kind = info.rows, info.seq_len, info.kind
+    max_pred = info.max_pred or int(info.attrs.get("max_pred", 0))
+    c = _Counts(seq, max_pred)
+    with h5py.File(info.path, "r") as f:
         for a in range(0, n, BLOCK):
             b = min(n, a + BLOCK)
             ids = f["input_ids"][a:b]
             im = f["input_mask"][a:b].astype(np.int64)  # (B, S)
-            max_id = max(max_id, int(ids.max())) if ids.size else max_id
+            c.max_id = max(c.max_id, int(ids.max())) if ids.size else c.max_id
             if kind == "packed":
-                k = int(im.max()) if im.size else 0
-                counts = np.stack([(im == v).sum(1) for v in range(1, k + 1)], 1) if k else np.zeros((b - a, 0), int)
-                lens = counts[counts > 0]  # one entry per sequence
-                per_row = (counts > 0).sum(1)
-                if per_row_hist is None or per_row_hist.size <= per_row.max(initial=0):
-                    grown = np.zeros(int(per_row.max(initial=0)) + 1, np.int64)
-                    if per_row_hist is not None:
-                        grown[: per_row_hist.size] = per_row_hist
-                    per_row_hist = grown
-                per_row_hist += np.bincount(per_row, minlength=per_row_hist.size)
-                if "next_sentence_weights" in f:
-                    w = f["next_sentence_weights"][a:b] > 0
-                    labels = f["next_sentence_labels"][a:b][w]
-                else:
-                    labels = np.zeros(0, np.int8)
+                _packed_block(f, a, b, im, c)
             else:
-                lens = (im != 0).sum(1)
-                labels = f["next_sentence_labels"][a:b]
-            len_hist += np.bincount(lens, minlength=seq + 1)[: seq + 1]
-            tokens += int(lens.sum())
-            sequences += int(lens.size)
-            nsp_random += int((labels == 1).sum())
-            nsp_count += int(labels.size)
+                c.add_lengths((im != 0).sum(1), f["next_sentence_labels"][a:b])
             if "masked_lm_positions" in f:
-                pos = f["masked_lm_positions"][a:b]
                 # a real prediction has a nonzero position (position 0 is [CLS]); packed rows: count per row
-                m = (pos != 0).sum(1)  # (B,) predictions per row (packed rows: of all their sequences)
-                if m.size and m.max() >= mask_hist.size:
-                    mask_hist = np.pad(mask_hist, (0, int(m.max()) + 1 - mask_hist.size))
-                mask_hist += np.bincount(m, minlength=mask_hist.size)[: mask_hist.size]
-            elif max_pred:
-                # dynamic shards: the exact count the loader draws
-                m = num_to_predict(lens, max_pred, float(attrs.get("masked_lm_prob", 0.15)))
-                mask_hist += np.bincount(m, minlength=mask_hist.size)[: mask_hist.size]
+                c.add_masked((f["masked_lm_positions"][a:b] != 0).sum(1))
+            elif max_pred:  # dynamic shards: the exact count the loader draws
+                c.add_masked(num_to_predict((im != 0).sum(1), max_pred, float(info.attrs.get("masked_lm_prob", 0.15))))
+    return _stats_dict(info, max_pred, c)
+
+
+def _stats_dict(info: ShardInfo, max_pred: int, c: _Counts) -> dict[str, Any]:
+    n, seq = info.rows, info.seq_len
     slots = n * seq
+    mh = c.mask_hist
     stats: dict[str, Any] = {
-        "file": str(path),
-        "kind": kind,
+        "file": str(info.path),
+        "kind": info.kind,
         "rows": int(n),
         "seq_len": int(seq),
         "max_pred": max_pred,
-        "sequences": sequences,
-        "tokens": tokens,
-        "padding_fraction": round(1 - tokens / slots, 6) if slots else 0.0,
-        "mean_seq_len": round(tokens / sequences, 3) if sequences else 0.0,
-        "nsp_random_fraction": round(nsp_random / nsp_count, 6) if nsp_count else None,
-        "masked_per_row_mean": round(float((np.arange(mask_hist.size) * mask_hist).sum() / max(1, mask_hist.sum())), 3),
-        "max_token_id": max_id,
-        "seq_len_hist": len_hist.tolist(),
-        "masked_count_hist": mask_hist.tolist(),
+        "sequences": c.sequences,
+        "tokens": c.tokens,
+        "padding_fraction": round(1 - c.tokens / slots, 6) if slots else 0.0,
+        "mean_seq_len": round(c.tokens / c.sequences, 3) if c.sequences else 0.0,
+        "nsp_random_fraction": round(c.nsp_random / c.nsp_count, 6) if c.nsp_count else None,
+        "masked_per_row_mean": round(float((np.arange(mh.size) * mh).sum() / max(1, mh.sum())), 3),
+        "max_token_id": c.max_id,
+        "seq_len_hist": c.len_hist.tolist(),
+        "masked_count_hist": mh.tolist(),
     }
-    if per_row_hist is not None:
-        stats["sequences_per_row_hist"] = per_row_hist.tolist()
-        stats["avg_seq_per_row"] = round(sequences / n, 4) if n else 0.0
+    if c.per_row_hist is not None:
+        stats["sequences_per_row_hist"] = c.per_row_hist.tolist()
+        stats["avg_seq_per_row"] = round(c.sequences / n, 4) if n else 0.0
     return stats
 
 

@@ -228,76 +228,92 @@ def create_instance_specs(
     (each trim is a fair front/back coin in Google's `truncate_seq_pair`), drawn vectorized.
     """
     import random
-    from array import array
 
     r = random.Random(int(rng.integers(0, 2**63)))
-    rand = r.random
-    max_num = max_seq_len - 3
-    ndocs = len(doc_first)
-    off = offsets
-    # compact typed arrays (8 bytes per value, not a Python int object each): memory per shard stays small
-    a_s, a_l, b_s, b_l, lab = array("q"), array("q"), array("q"), array("q"), array("b")
-    order = list(range(ndocs))
+    out = _Instances()
+    order = list(range(len(doc_first)))
     r.shuffle(order)  # Google shuffles the documents once
     for _ in range(dupe_factor):
         for di in order:
-            first, n = doc_first[di], doc_count[di]
-            target = max_num
-            if rand() < short_seq_prob:
-                target = 2 + int(rand() * (max_num - 1))  # randint(2, max_num_tokens)
-            i = 0
+            _document_instances(di, doc_first, doc_count, offsets, r.random, max_seq_len - 3, short_seq_prob, out)
+    specs = out.arrays()
+    truncate_specs(specs, max_seq_len - 3, rng)
+    perm = rng.permutation(len(specs["label"]))  # Google shuffles all instances
+    return {k: v[perm] for k, v in specs.items()}
+
+
+class _Instances:
+    """The instances found so far, in compact typed arrays (8 bytes per value, not a Python int object each),
+    so a shard's memory stays small."""
+
+    def __init__(self) -> None:
+        from array import array
+
+        self.a_start, self.a_len, self.b_start, self.b_len = array("q"), array("q"), array("q"), array("q")
+        self.label = array("b")
+        # the bound appends, fetched once: the per-instance path is the hot loop of shard building
+        self.appends = (self.a_start.append, self.a_len.append, self.b_start.append, self.b_len.append,
+                        self.label.append)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {k: np.frombuffer(getattr(self, k), dtype=np.int64).copy() for k in ("a_start", "a_len", "b_start",
+                                                                                   "b_len")}
+        out["label"] = np.frombuffer(self.label, dtype=np.int8).copy()
+        return out
+
+
+def _document_instances(di: int, doc_first: Sequence[int], doc_count: Sequence[int], off: Sequence[int], rand,
+                        max_num: int, short_seq_prob: float, out: _Instances) -> None:
+    """Google's `create_instances_from_document` for document di (one pass of the dupe factor)."""
+    add_a_start, add_a_len, add_b_start, add_b_len, add_label = out.appends
+    ndocs = len(doc_first)
+    first, n = doc_first[di], doc_count[di]
+    target = max_num
+    if rand() < short_seq_prob:
+        target = 2 + int(rand() * (max_num - 1))  # randint(2, max_num_tokens)
+    i = 0
+    chunk_n = 0
+    cur = 0
+    while i < n:
+        k = first + i
+        chunk_n += 1
+        cur += off[k + 1] - off[k]
+        if i == n - 1 or cur >= target:
+            cf = k - chunk_n + 1  # first sentence of the chunk
+            a_end = 1 if chunk_n < 2 else 1 + int(rand() * (chunk_n - 1))  # randint(1, len-1)
+            a_start = off[cf]
+            a_len = off[cf + a_end] - a_start
+            if chunk_n == 1 or rand() < 0.5:
+                target_b = target - a_len
+                rd = di
+                for _t in range(10):  # up to 10 tries to pick another document
+                    rd = int(rand() * ndocs)
+                    if rd != di:
+                        break
+                rfirst, rn = doc_first[rd], doc_count[rd]
+                j = rfirst + int(rand() * rn)  # random start sentence
+                b_start = off[j]
+                end = rfirst + rn
+                while j < end:  # B: sentences from there on until they reach target_b tokens
+                    j += 1
+                    if off[j] - b_start >= target_b:
+                        break
+                b_len = off[j] - b_start
+                # DESIGN §3.1: B from the same document (only document left) is labelled IsNext
+                label = 1 if rd != di else 0
+                i -= chunk_n - a_end  # put the unused sentences of the chunk back
+            else:
+                b_start = off[cf + a_end]
+                b_len = off[k + 1] - b_start
+                label = 0
+            add_a_start(a_start)
+            add_a_len(a_len)
+            add_b_start(b_start)
+            add_b_len(b_len)
+            add_label(label)
             chunk_n = 0
             cur = 0
-            while i < n:
-                k = first + i
-                chunk_n += 1
-                cur += off[k + 1] - off[k]
-                if i == n - 1 or cur >= target:
-                    cf = k - chunk_n + 1  # first sentence of the chunk
-                    a_end = 1 if chunk_n < 2 else 1 + int(rand() * (chunk_n - 1))  # randint(1, len-1)
-                    a_start = off[cf]
-                    a_len = off[cf + a_end] - a_start
-                    if chunk_n == 1 or rand() < 0.5:
-                        target_b = target - a_len
-                        rd = di
-                        for _t in range(10):  # up to 10 tries to pick another document
-                            rd = int(rand() * ndocs)
-                            if rd != di:
-                                break
-                        rfirst, rn = doc_first[rd], doc_count[rd]
-                        j = rfirst + int(rand() * rn)  # random start sentence
-                        b_start = off[j]
-                        end = rfirst + rn
-                        while j < end:
-                            j += 1
-                            if off[j] - b_start >= target_b:
-                                break
-                        b_len = off[j] - b_start
-                        # DESIGN §3.1: B from the same document (only document left) is labelled IsNext
-                        label = 1 if rd != di else 0
-                        i -= chunk_n - a_end  # put the unused sentences of the chunk back
-                    else:
-                        b_start = off[cf + a_end]
-                        b_len = off[k + 1] - b_start
-                        label = 0
-                    a_s.append(a_start)
-                    a_l.append(a_len)
-                    b_s.append(b_start)
-                    b_l.append(b_len)
-                    lab.append(label)
-                    chunk_n = 0
-                    cur = 0
-                i += 1
-    specs = {
-        "a_start": np.frombuffer(a_s, dtype=np.int64).copy(),
-        "a_len": np.frombuffer(a_l, dtype=np.int64).copy(),
-        "b_start": np.frombuffer(b_s, dtype=np.int64).copy(),
-        "b_len": np.frombuffer(b_l, dtype=np.int64).copy(),
-        "label": np.frombuffer(lab, dtype=np.int8).copy(),
-    }
-    truncate_specs(specs, max_num, rng)
-    perm = rng.permutation(len(lab))  # Google shuffles all instances
-    return {k: v[perm] for k, v in specs.items()}
+        i += 1
 
 
 def truncate_amounts(la: np.ndarray, lb: np.ndarray, max_num: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,8 @@
 
 Reads the three shard kinds of DESIGN §3.2/§3.3: NVIDIA-format (masks stored), dynamic-masking (unmasked pairs;
 masked here, a fresh draw every epoch, with `instances.mask_tokens`) and packed (several sequences per row).
+What the shards are — files, kind, row counts, widths, masking parameters — comes from their
+`bertforge.data.shardset.ShardSet` (`PretrainLoader.shards`); this module only reads rows.
 
 **Lanes.** An update consumes `lanes = global_batch / micro_batch` micro-batches. Each lane is an endless,
 deterministic stream of rows; rank r owns lanes [r·accum, (r+1)·accum) and takes one micro-batch from each per
@@ -25,7 +27,6 @@ rank's items w, w+W, w+2W, … and the DataLoader returns them in order, prefetc
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,93 +34,18 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from bertforge.data.shardset import ROW_KEYS, ShardInfo, ShardSet, read_manifest  # noqa: F401 (read_manifest: loop)
 from bertforge.errors import UserError
-
-# field names of the NVIDIA schema (DESIGN §3.2) and the packed schema (§3.3)
-NVIDIA_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-               "next_sentence_labels")
-_ROW_KEYS = {"input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions", "masked_lm_ids",
-             "next_sentence_positions", "next_sentence_labels", "next_sentence_weights", "word_starts"}
-PACKED_KEYS = ("input_ids", "input_mask", "segment_ids", "positions", "masked_lm_positions", "masked_lm_ids",
-               "next_sentence_positions", "next_sentence_labels", "next_sentence_weights")
 
 
 def shard_files(directory: str | Path) -> list[Path]:
-    """HDF5 shards of a directory, sorted numerically by the digits in their names."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise UserError(f"shard directory {directory} does not exist; run `bertforge data shards` or "
-                        "`bertforge data prepare` first, or fix data.input_dir")
-    try:
-        from bertforge.data.shards import list_shards
-
-        files = [Path(p) for p in list_shards(directory)]
-    except ImportError:
-        import re
-
-        files = sorted((p for p in directory.iterdir() if p.suffix in (".hdf5", ".h5")),
-                       key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)])
-    if not files:
-        raise UserError(f"no .hdf5 shards in {directory}; run `bertforge data shards` to create them")
-    return files
-
-
-def detect_kind(keys: set[str]) -> str:
-    if "next_sentence_positions" in keys:
-        return "packed"
-    if "masked_lm_positions" in keys:
-        return "nvidia"
-    return "dynamic"
-
-
-@dataclass
-class ShardInfo:
-    path: Path
-    rows: int
-    kind: str
-    seq_len: int
-    max_pred: int
+    """Transitional: the shard files of a directory. Kept for `train/loop.py` until it calls `ShardSet`."""
+    return list(ShardSet.open(directory).files)
 
 
 def inspect_shards(files: list[Path]) -> list[ShardInfo]:
-    """Row count, kind and widths of each shard, from the HDF5 metadata only (no data read)."""
-    import h5py
-
-    infos = []
-    for f in files:
-        try:
-            with h5py.File(f, "r") as h:
-                keys = set(h.keys())
-                kind = detect_kind(keys)
-                if "input_ids" not in keys:
-                    raise KeyError("input_ids")
-                rows, seq_len = h["input_ids"].shape
-                max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
-                sizes = {k: h[k].shape[0] for k in keys if hasattr(h[k], "shape") and h[k].shape}
-        except (OSError, KeyError) as e:
-            raise UserError(f"shard {f} cannot be read ({e}); re-create it with `bertforge data shards` or delete "
-                            "it") from None
-        bad = {k: n for k, n in sizes.items() if n != rows}
-        if bad:
-            raise UserError(f"shard {f} is inconsistent: input_ids has {rows} rows but {bad}; re-create it")
-        infos.append(ShardInfo(f, int(rows), kind, int(seq_len), int(max_pred)))
-    kinds = {i.kind for i in infos}
-    if len(kinds) > 1:
-        raise UserError(f"shards in {files[0].parent} mix kinds {sorted(kinds)}; use one kind per directory")
-    return infos
-
-
-def read_manifest(directory: str | Path) -> dict[str, Any]:
-    """manifest.json (data helper) or packing metadata beside the shards; {} if absent."""
-    out: dict[str, Any] = {}
-    for name in ("manifest.json", "packing.json", "metadata.json"):
-        p = Path(directory) / name
-        if p.is_file():
-            try:
-                out.update(json.loads(p.read_text(encoding="utf-8")))
-            except ValueError:
-                raise UserError(f"{p} is not valid JSON; re-create the shards or delete it") from None
-    return out
+    """Transitional: per-shard metadata. Kept for `train/loop.py` until it calls `ShardSet`."""
+    return [ShardInfo.read(Path(f)) for f in files]
 
 
 @dataclass
@@ -237,7 +163,7 @@ class LaneReader:
             if shard not in self._files:
                 self._files[shard] = h5py.File(self.spec.files[shard], "r")
             h = self._files[shard]
-            self._cache = (key, {k: h[k][a:b] for k in h.keys() if k in _ROW_KEYS})
+            self._cache = (key, {k: h[k][a:b] for k in h.keys() if k in ROW_KEYS})
         return self._cache[1]
 
     def rows(self, start: int, n: int) -> list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]:
@@ -286,7 +212,7 @@ def collate(spec: LoaderSpec, rows: list[tuple[dict[str, np.ndarray], int, tuple
         if spec.pack_per_row:
             # packing + dynamic masking: the freshly masked window is packed like a packed shard's rows, so the
             # micro-batch keeps its sequences (an update sees exactly the global batch) in fewer rows
-            from bertforge.data.packing import pack_samples
+            from bertforge.data.packing_rows import pack_samples
 
             e, shard, row = rows[0][2]
             packed = pack_samples({"input_ids": ids, "input_mask": batch["attention_mask"],
@@ -344,33 +270,31 @@ class PretrainLoader:
         for step: micro_batches = [next(it) for _ in range(loader.accum)]
     """
 
-    def __init__(self, spec: LoaderSpec, num_workers: int = 2, prefetch: int = 4):
-        self.spec, self.num_workers, self.prefetch = spec, num_workers, prefetch
+    def __init__(self, spec: LoaderSpec, shards: ShardSet, num_workers: int = 2, prefetch: int = 4):
+        self.spec, self.shards, self.num_workers, self.prefetch = spec, shards, num_workers, prefetch
 
     @property
     def accum(self) -> int:
         return len(self.spec.my_lanes)
 
     @classmethod
-    def from_dir(cls, directory: str | Path, global_batch: int, micro_batch: int, rank: int, world_size: int,
-                 seed: int, num_workers: int = 2, prefetch: int = 4, chunk_rows: int = 2048,
+    def from_dir(cls, directory: str | Path | ShardSet, global_batch: int, micro_batch: int, rank: int,
+                 world_size: int, seed: int, num_workers: int = 2, prefetch: int = 4, chunk_rows: int = 2048,
                  vocab_size: int = 30522, max_pred: int | None = None, pack_per_row: int = 0) -> "PretrainLoader":
-        files = shard_files(directory)
-        infos = inspect_shards(files)
-        if pack_per_row and infos[0].kind != "dynamic":
+        """`directory`: a shard directory or its `ShardSet`."""
+        shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
+        if pack_per_row and shards.kind != "dynamic":
             from bertforge.errors import ConfigError
 
-            raise ConfigError(f"data.pack_per_row packs dynamic-masking shards on the fly, but {directory} holds "
-                              f"{infos[0].kind} shards: pack those once with `bertforge pack`, or set it to 0")
+            raise ConfigError(f"data.pack_per_row packs dynamic-masking shards on the fly, but {shards.directory} "
+                              f"holds {shards.kind} shards: pack those once with `bertforge pack`, or set it to 0")
         accum = batch_arithmetic(global_batch, micro_batch, world_size)
         n_lanes = accum * world_size
-        lanes = assign_pieces([i.rows for i in infos], n_lanes)
-        spec = LoaderSpec(
-            files=[str(f) for f in files], rows=[i.rows for i in infos], kind=infos[0].kind, lanes=lanes,
-            my_lanes=list(range(rank * accum, (rank + 1) * accum)), micro_batch=micro_batch, seed=seed,
-            chunk_rows=chunk_rows, vocab_size=vocab_size, pack_per_row=pack_per_row,
-            **{"max_pred": max_pred or infos[0].max_pred or 20, **masking_params(files[0])})
-        return cls(spec, num_workers, prefetch)
+        rows = [i.rows for i in shards.infos]
+        spec = _spec(shards, lanes=assign_pieces(rows, n_lanes), my_lanes=list(range(rank * accum, (rank + 1) * accum)),
+                     micro_batch=micro_batch, seed=seed, chunk_rows=chunk_rows, vocab_size=vocab_size,
+                     pack_per_row=pack_per_row, max_pred=max_pred)
+        return cls(spec, shards, num_workers, prefetch)
 
     @property
     def kind(self) -> str:
@@ -395,28 +319,10 @@ def _can_fork() -> bool:
     return "fork" in mp.get_all_start_methods()
 
 
-def masking_params(shard: Path) -> dict[str, Any]:
-    """Dynamic masking's parameters from a dynamic-masking shard's attributes (`bertforge.data.shards`):
-    max_pred, masked_lm_prob, special and [MASK] ids, whole-word masking. {} for other kinds."""
-    import h5py
-
-    with h5py.File(shard, "r") as h:
-        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in h.attrs.items()}
-        if detect_kind(set(h.keys())) != "dynamic":
-            return {}
-    out: dict[str, Any] = {}
-    if "max_pred" in attrs:
-        out["max_pred"] = int(attrs["max_pred"])
-    if "masked_lm_prob" in attrs:
-        out["masked_lm_prob"] = float(attrs["masked_lm_prob"])
-    ids = [int(attrs[k]) for k in ("pad_id", "cls_id", "sep_id") if k in attrs]
-    if ids:
-        out["special_ids"] = tuple(ids)
-    if "mask_id" in attrs:
-        out["mask_id"] = int(attrs["mask_id"])
-    if "wwm" in attrs:
-        out["wwm"] = bool(attrs["wwm"])
-    return out
+def _spec(shards: ShardSet, max_pred: int | None = None, **kw: Any) -> LoaderSpec:
+    """The loader's plain-data spec over `shards`; a dynamic shard's masking parameters fill in the defaults."""
+    return LoaderSpec(files=[str(f) for f in shards.files], rows=[i.rows for i in shards.infos], kind=shards.kind,
+                      **kw, **{"max_pred": max_pred or shards.max_pred or 20, **shards.masking_params()})
 
 
 def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> int:
@@ -429,16 +335,13 @@ def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> in
     return global_batch // (micro_batch * world_size)
 
 
-def eval_batches(directory: str | Path, batch_size: int, rank: int = 0, world_size: int = 1,
+def eval_batches(directory: str | Path | ShardSet, batch_size: int, rank: int = 0, world_size: int = 1,
                  max_batches: int | None = None, vocab_size: int = 30522, seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
     """Held-out batches in file order (no shuffle), rank r taking batches r, r+W, … (for periodic evaluation).
     Dynamic-masking eval shards are masked with a fixed seed, so every evaluation sees the same masks."""
-    files = shard_files(directory)
-    infos = inspect_shards(files)
-    spec = LoaderSpec(files=[str(f) for f in files], rows=[i.rows for i in infos], kind=infos[0].kind,
-                      lanes=[[Piece(s, 0, i.rows) for s, i in enumerate(infos)]], my_lanes=[0],
-                      micro_batch=batch_size, seed=seed, shuffle=False, vocab_size=vocab_size,
-                      **{"max_pred": infos[0].max_pred or 20, **masking_params(files[0])})
+    shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
+    spec = _spec(shards, lanes=[[Piece(s, 0, i.rows) for s, i in enumerate(shards.infos)]], my_lanes=[0],
+                 micro_batch=batch_size, seed=seed, shuffle=False, vocab_size=vocab_size)
     reader = LaneReader(spec, 0)
     total = -(-reader.epoch_rows // batch_size)
     if max_batches:

@@ -6,7 +6,7 @@ import argparse
 
 
 def pack_add(parser: argparse.ArgumentParser) -> None:
-    from bertforge.data.packing import ALGORITHMS  # local: packing imports numpy and h5py (`bertforge --help`)
+    from bertforge.data.packing_algorithms import ALGORITHMS  # local: it imports numpy (`bertforge --help`)
 
     parser.add_argument("--in", dest="input_dir", required=True, help="directory of NVIDIA-format (masked) shards")
     parser.add_argument("--out", dest="output_dir", required=True, help="directory for the packed shards")

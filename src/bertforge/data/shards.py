@@ -1,4 +1,5 @@
-"""HDF5 pre-training shards in the NVIDIA schema (DESIGN §3.2), plus our dynamic-masking and packed variants.
+"""Writing HDF5 pre-training shards (and reading one whole); what a shard directory holds — kind, schema,
+manifest, widths — is `bertforge.data.shardset`'s to say.
 
 NVIDIA/Habana shards (what `create_pretraining_data.py` + NVIDIA's `hdf5` writer produce), N rows:
 
@@ -27,51 +28,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import h5py
 import numpy as np
 
+from bertforge.data.shardset import KIND_ATTR, MANIFEST, open_shard  # noqa: F401 (KIND_ATTR: the writers' name)
 from bertforge.errors import UserError
 from bertforge.runtime.io import commit, temp_name, write_text
-
-# dataset -> (dtype, number of dims); the NVIDIA schema, DESIGN §3.2
-NVIDIA_SCHEMA: dict[str, tuple[type, int]] = {
-    "input_ids": (np.int32, 2),
-    "input_mask": (np.int8, 2),
-    "segment_ids": (np.int8, 2),
-    "masked_lm_positions": (np.int32, 2),
-    "masked_lm_ids": (np.int32, 2),
-    "next_sentence_labels": (np.int8, 1),
-}
-DYNAMIC_SCHEMA: dict[str, tuple[type, int]] = {
-    "input_ids": (np.int32, 2),
-    "input_mask": (np.int8, 2),
-    "segment_ids": (np.int8, 2),
-    "next_sentence_labels": (np.int8, 1),
-    "word_starts": (np.int8, 2),  # optional
-}
-KIND_ATTR = "bertforge_kind"
-SHARD_SUFFIXES = (".hdf5", ".h5", ".hdf")
-MANIFEST = "manifest.json"
-
-
-def _natural_key(path: Path) -> list[Any]:
-    # "shard_10" sorts after "shard_9"
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
-
-
-def list_shards(directory: str | os.PathLike) -> list[Path]:
-    """The HDF5 shards in `directory` (or the file itself), sorted numerically; temporary files excluded."""
-    d = Path(directory)
-    if d.is_file():
-        return [d]
-    if not d.is_dir():
-        raise UserError(f"shard directory {d} does not exist; create shards with `bertforge data shards`")
-    return sorted((p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and p.is_file() and not p.name.startswith(".")),
-                  key=_natural_key)
 
 
 def write_shard(
@@ -114,34 +79,10 @@ def write_shard(
     return path
 
 
-def shard_kind(path: str | os.PathLike) -> str:
-    """"nvidia" (masked at creation), "dynamic" (unmasked pairs) or "packed" (DESIGN §3.3)."""
-    with _open(path) as f:
-        kind = f.attrs.get(KIND_ATTR)
-        if isinstance(kind, bytes):
-            kind = kind.decode()
-        if kind in ("dynamic", "packed"):
-            return kind
-        if "next_sentence_positions" in f:
-            return "packed"
-        if "masked_lm_positions" not in f and "input_ids" in f:
-            return "dynamic"
-        return "nvidia"
-
-
-def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
-    """The file attributes of a shard as plain Python values."""
-    with _open(path) as f:
-        out = {}
-        for k, v in f.attrs.items():
-            out[k] = v.item() if hasattr(v, "item") else (v.decode() if isinstance(v, bytes) else v)
-        return out
-
-
 def read_shard(path: str | os.PathLike, validate: bool = True) -> dict[str, np.ndarray]:
     """All datasets of a shard as numpy arrays; checks the row counts agree (a truncated file is an error)."""
     path = Path(path)
-    with _open(path) as f:
+    with open_shard(path) as f:
         try:
             out = {name: f[name][()] for name in f.keys() if isinstance(f[name], h5py.Dataset)}
         except OSError as e:
@@ -172,16 +113,6 @@ def validate_arrays(arrays: Mapping[str, np.ndarray], path: str | os.PathLike = 
     return n
 
 
-def _open(path: str | os.PathLike) -> h5py.File:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"shard {path} does not exist")
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        raise UserError(f"shard {path} is not a readable HDF5 file ({e}); re-create it or delete the file") from e
-
-
 def file_sha256(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -193,17 +124,6 @@ def file_sha256(path: str | os.PathLike) -> str:
 def write_manifest(directory: str | os.PathLike, manifest: Mapping[str, Any]) -> Path:
     """Write `manifest.json` in `directory` atomically."""
     return write_text(Path(directory) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-
-
-def read_manifest(directory: str | os.PathLike) -> dict[str, Any] | None:
-    """The manifest beside the shards, or None when there is none."""
-    path = Path(directory) / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON ({e}); delete it and re-run `bertforge data shards`") from e
 
 
 class ShardWriter:

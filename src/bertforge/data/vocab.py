@@ -9,6 +9,7 @@ and NVIDIA read) and `tokenizer.json` (what `tokenizers`/`transformers` load, no
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -67,23 +68,28 @@ def wordpiece_from_vocab(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
     return tok
 
 
-def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> Tokenizer:
-    """A `tokenizers.Tokenizer` from a vocab.txt, a tokenizer.json, or a directory holding one.
+_LOADED: dict[tuple, Tokenizer] = {}
 
-    A directory prefers tokenizer.json. For a vocab.txt, `lowercase=None` guesses from the file name
-    ("uncased"/"cased") and otherwise from the tokens. A tokenizer.json carries its own normalizer, so
-    `lowercase` is ignored for it. The vocab must contain [CLS], [SEP] and [MASK] (or <s>, </s>, <mask>).
+
+def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None, cache: bool = False) -> Tokenizer:
+    """A `tokenizers.Tokenizer` from a vocab.txt, a tokenizer.json, or a directory holding one (a model
+    directory too): the one tokenizer loader of bertforge (data, pretraining, fine-tuning, serving).
+
+    A directory prefers tokenizer.json. For a vocab.txt, `lowercase=None` takes `do_lower_case` from a
+    tokenizer_config.json beside it (Hugging Face model directories), else guesses from the file name
+    ("uncased"/"cased") and then from the tokens. A tokenizer.json carries its own normalizer, so `lowercase`
+    is ignored for it. Truncation and padding are off (a sentence-transformers tokenizer.json pads and cuts to
+    128; windows and padding are the caller's). The vocab must contain [CLS], [SEP] and [MASK] (or <s>, </s>,
+    <mask>). `cache=True` returns one shared tokenizer per file and setting (the shard workers': do not
+    modify it).
     """
-    path = Path(path)
-    if path.is_dir():
-        for name in ("tokenizer.json", "vocab.txt"):
-            if (path / name).is_file():
-                path = path / name
-                break
-        else:
-            raise UserError(f"vocab directory {path} has neither tokenizer.json nor vocab.txt")
-    if not path.is_file():
-        raise UserError(f"vocab {path} does not exist; give a vocab.txt, a tokenizer.json or a directory holding one")
+    path = _tokenizer_file(Path(path))
+    if cache:
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns, lowercase)
+        if key not in _LOADED:
+            _LOADED[key] = load_tokenizer(path, lowercase)
+        return _LOADED[key]
     if path.suffix == ".json":
         try:
             tok = Tokenizer.from_file(str(path))
@@ -92,10 +98,38 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None) -> To
     else:
         vocab = read_vocab_txt(path)
         if lowercase is None:
+            lowercase = _config_lowercase(path.parent)
+        if lowercase is None:
             lowercase = _guess_lowercase(path, vocab)
         tok = wordpiece_from_vocab(vocab, lowercase)
     special_ids(tok, source=path)  # raises when [CLS]/[SEP]/[MASK] are missing
+    tok.no_truncation()
+    tok.no_padding()
     return tok
+
+
+def _tokenizer_file(path: Path) -> Path:
+    """The tokenizer file a path names: itself, or a directory's tokenizer.json, else its vocab.txt."""
+    if path.is_dir():
+        for name in ("tokenizer.json", "vocab.txt"):
+            if (path / name).is_file():
+                return path / name
+        raise UserError(f"vocab directory {path} has neither tokenizer.json nor vocab.txt")
+    if not path.is_file():
+        raise UserError(f"vocab {path} does not exist; give a vocab.txt, a tokenizer.json or a directory holding one")
+    return path
+
+
+def _config_lowercase(directory: Path) -> bool | None:
+    """`do_lower_case` of a Hugging Face tokenizer_config.json in `directory`, or None."""
+    cfg = directory / "tokenizer_config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        value = json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    return bool(value) if value is not None else None
 
 
 def special_ids(tok: Tokenizer, source: str | os.PathLike = "the vocab") -> dict[str, int]:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from bertforge import device as dev
+from bertforge.data.vocab import load_tokenizer  # noqa: F401 (the one loader; callers import it here)
 from bertforge.errors import UserError
 
 
@@ -152,18 +153,6 @@ def check_request_bytes(texts: dict[str, list[str]], limit: int) -> None:
             f"request holds {total} bytes of text, over the server's limit of {limit} "
             "(bertforge serve --max-request-bytes); send shorter text or fewer rows"
         )
-
-
-def load_tokenizer(model_dir: str | Path):
-    """The model directory's tokenizer (tokenizer.json or vocab.txt), as a `tokenizers.Tokenizer`."""
-    from bertforge.data.vocab import load_tokenizer as _load
-
-    tok = _load(model_dir)
-    # a tokenizer.json may carry its own truncation/padding (sentence-transformers exports pad and cut to 128);
-    # windowing and per-batch padding are ours to do, so switch both off
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
 
 
 def _special(tok, *names: str) -> int:

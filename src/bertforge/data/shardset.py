@@ -1,0 +1,370 @@
+"""The one owner of the shard format: what a directory of pre-training shards holds, read once.
+
+A `ShardSet` answers every question the rest of bertforge asks about a shard directory — which files, in
+which order, of which kind (DESIGN §3.2 NVIDIA, our dynamic-masking variant, §3.3 packed), their row
+counts and widths, the manifest beside them (vocab, masking parameters, packing statistics) — from the HDF5
+metadata only (no row is read), once per directory and process:
+
+    shards = ShardSet.open("runs/wiki/shards_phase1")       # cached: a second call returns the same object
+    shards.kind, shards.seq_len, shards.rows, shards.vocab_size
+    shards.check_model(vocab_size=30522, max_position_embeddings=512)
+    shards.check_compatible(ShardSet.open(eval_dir))
+
+The cache key is the resolved path plus the names, sizes, modification times and inodes of the shard and
+manifest files (one `stat` each), so a directory that is rewritten in the same process is read again. A ShardSet is
+plain, frozen data: cheap to pickle into DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+from bertforge.errors import UserError
+
+# dataset -> dtype of each kind's schema, in the order the writers create them
+NVIDIA_SCHEMA: dict[str, type] = {  # DESIGN §3.2
+    "input_ids": np.int32,
+    "input_mask": np.int8,
+    "segment_ids": np.int8,
+    "masked_lm_positions": np.int32,
+    "masked_lm_ids": np.int32,
+    "next_sentence_labels": np.int8,
+}
+DYNAMIC_SCHEMA: dict[str, type] = {  # unmasked pairs; word_starts only with whole-word masking
+    "input_ids": np.int32,
+    "input_mask": np.int8,
+    "segment_ids": np.int8,
+    "next_sentence_labels": np.int8,
+    "word_starts": np.int8,
+}
+PACKED_SCHEMA: dict[str, type] = {  # DESIGN §3.3
+    "input_ids": np.int32,
+    "segment_ids": np.int8,
+    "positions": np.int32,
+    "input_mask": np.int8,
+    "masked_lm_positions": np.int32,
+    "masked_lm_ids": np.int32,
+    "next_sentence_positions": np.int32,
+    "next_sentence_labels": np.int8,
+    "next_sentence_weights": np.int8,
+}
+SCHEMAS = {"nvidia": NVIDIA_SCHEMA, "dynamic": DYNAMIC_SCHEMA, "packed": PACKED_SCHEMA}
+NVIDIA_KEYS = tuple(NVIDIA_SCHEMA)
+PACKED_KEYS = tuple(PACKED_SCHEMA)
+ROW_KEYS = frozenset(NVIDIA_SCHEMA) | frozenset(DYNAMIC_SCHEMA) | frozenset(PACKED_SCHEMA)
+"""Every per-row dataset a reader may need."""
+
+KIND_ATTR = "bertforge_kind"
+SHARD_SUFFIXES = (".hdf5", ".h5", ".hdf")
+MANIFEST = "manifest.json"
+"""Written by `bertforge data shards`; `bertforge pack` writes packing.json, some tools metadata.json."""
+MANIFEST_FILES = (MANIFEST, "packing.json", "metadata.json")
+
+
+def natural_key(path: Path) -> list[Any]:
+    """Sort key that puts "shard_10" after "shard_9"."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
+def list_shards(path: str | os.PathLike) -> list[Path]:
+    """The HDF5 shards of a directory (or the file itself), sorted numerically; hidden files (the temporary
+    names of unfinished writes, `.NAME.tmp-PID.hdf5`) excluded. A missing directory is a UserError."""
+    d = Path(path)
+    if d.is_file():
+        return [d]
+    if not d.is_dir():
+        raise UserError(f"shard directory {d} does not exist; run `bertforge data shards` or `bertforge data "
+                        "prepare` first, or fix the path (data.input_dir / data.eval_dir)")
+    return sorted((p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and not p.name.startswith(".")
+                   and p.is_file()), key=natural_key)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file; invalid JSON is a UserError naming the file."""
+    try:
+        out = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); re-create the shards or delete it") from None
+    if not isinstance(out, dict):
+        raise UserError(f"{path} does not hold a JSON object; re-create the shards or delete it")
+    return out
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """manifest.json, packing.json and metadata.json beside the shards, merged in that order; {} if none."""
+    out: dict[str, Any] = {}
+    for name in MANIFEST_FILES:
+        p = Path(directory) / name
+        if p.is_file():
+            out.update(read_json(p))
+    return out
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else (v.decode() if isinstance(v, bytes) else v)
+
+
+def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
+    """The file attributes of one shard as plain Python values (a writer's check of a finished shard)."""
+    with open_shard(Path(path)) as f:
+        return {k: _plain(v) for k, v in f.attrs.items()}
+
+
+def kind_of(keys: set[str] | frozenset[str], attrs: Mapping[str, Any]) -> str:
+    """"nvidia" (masked at creation), "dynamic" (unmasked pairs) or "packed", from datasets and attributes."""
+    if attrs.get(KIND_ATTR) in ("dynamic", "packed"):
+        return str(attrs[KIND_ATTR])
+    if "next_sentence_positions" in keys:
+        return "packed"
+    if "masked_lm_positions" in keys:
+        return "nvidia"
+    return "dynamic"
+
+
+def open_shard(path: Path):
+    import h5py
+
+    if not path.is_file():
+        raise UserError(f"shard {path} does not exist")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise UserError(f"shard {path} is not a readable HDF5 file ({e}); re-create it with `bertforge data "
+                        "shards` or delete it") from None
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard, from its HDF5 metadata."""
+
+    path: Path
+    rows: int
+    kind: str
+    seq_len: int
+    max_pred: int
+    """Width of masked_lm_positions (0 for dynamic shards: see ShardSet.max_pred)."""
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> "ShardInfo":
+        import h5py
+
+        try:
+            with open_shard(path) as h:
+                keys = set(h.keys())
+                attrs = {k: _plain(v) for k, v in h.attrs.items()}
+                if "input_ids" not in keys or "input_mask" not in keys:
+                    raise UserError(f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
+                                    "shard: move it out of the directory")
+                rows, seq_len = h["input_ids"].shape
+                max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
+                sizes = {k: h[k].shape[0] for k in keys if isinstance(h[k], h5py.Dataset) and h[k].shape}
+        except (OSError, KeyError) as e:
+            raise UserError(f"shard {path} cannot be read ({e}); re-create it with `bertforge data shards` or "
+                            "delete it") from None
+        bad = {k: n for k, n in sizes.items() if n != rows}
+        if bad:
+            raise UserError(f"shard {path} is truncated or inconsistent: input_ids has {rows} rows but {bad}; "
+                            "re-create it or delete the file")
+        return cls(path, int(rows), kind_of(keys, attrs), int(seq_len), int(max_pred), attrs)
+
+
+_CACHE: dict[str, tuple[tuple, "ShardSet"]] = {}
+"""resolved path -> (file signature, its ShardSet): one entry per path, replaced when the files change."""
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """The shards of one directory (or one shard file) and their manifest; build with `ShardSet.open`."""
+
+    directory: Path
+    """The resolved directory (for a single file: its directory)."""
+    infos: tuple[ShardInfo, ...]
+    """Per shard, in numeric file order."""
+    manifest: Mapping[str, Any]
+    """manifest.json / packing.json / metadata.json merged ({} when there is none)."""
+
+    KINDS: ClassVar[tuple[str, ...]] = tuple(SCHEMAS)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "ShardSet":
+        """The ShardSet of a directory (or of a single shard file), read once per process and directory."""
+        p = Path(path).resolve()
+        files = list_shards(p)
+        directory = p.parent if p.is_file() else p
+        sig = (*_stat_sig(files), *_stat_sig([directory / n for n in MANIFEST_FILES]))
+        cached = _CACHE.get(str(p))
+        if cached is None or cached[0] != sig:
+            cached = _CACHE[str(p)] = (sig, cls._read(p, directory, files))
+        return cached[1]
+
+    @classmethod
+    def _read(cls, p: Path, directory: Path, files: list[Path]) -> "ShardSet":
+        if not files:
+            raise UserError(f"no .hdf5 shards in {p}; run `bertforge data shards` to create them")
+        infos = tuple(ShardInfo.read(f) for f in files)
+        kinds = sorted({i.kind for i in infos})
+        if len(kinds) > 1:
+            first = {k: next(i.path.name for i in infos if i.kind == k) for k in kinds}
+            raise UserError(f"shards in {directory} mix kinds ({', '.join(f'{n}: {k}' for k, n in first.items())}); "
+                            "keep one kind per directory")
+        widths = {(i.seq_len, i.max_pred) for i in infos}
+        if len(widths) > 1:
+            raise UserError(f"shards in {directory} differ in seq_len/max_pred {sorted(widths)}; keep shards of one "
+                            "`bertforge data shards` run per directory")
+        manifest = read_manifest(directory)
+        if p.is_dir():
+            _check_listed(directory, manifest, infos)
+        return cls(directory, infos, manifest)
+
+    # ------------------------------------------------------------------------------------ plain facts
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return tuple(i.path for i in self.infos)
+
+    @property
+    def kind(self) -> str:
+        return self.infos[0].kind
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The datasets of this kind's schema (DYNAMIC's word_starts is optional)."""
+        return tuple(SCHEMAS[self.kind])
+
+    @property
+    def rows(self) -> int:
+        return sum(i.rows for i in self.infos)
+
+    @property
+    def seq_len(self) -> int:
+        return self.infos[0].seq_len
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        """The first shard's file attributes (a dynamic shard's masking parameters)."""
+        return self.infos[0].attrs
+
+    @property
+    def max_pred(self) -> int:
+        """Masked-LM slots per row: the dataset width, or a dynamic shard's `max_pred` (manifest, attribute);
+        0 when unknown."""
+        return self.infos[0].max_pred or int(self.manifest.get("max_pred", self.attrs.get("max_pred", 0)))
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The token id space the shards were built with (manifest, or a dynamic shard's attribute)."""
+        v = self.manifest.get("vocab_size", self.attrs.get("vocab_size"))
+        return int(v) if v is not None else None
+
+    @property
+    def vocab_file(self) -> Path | None:
+        """The vocab recorded in the manifest, when it still exists."""
+        for key in ("vocab_file", "vocab"):
+            v = self.manifest.get(key)
+            if isinstance(v, str) and Path(v).exists():
+                return Path(v)
+        return None
+
+    @property
+    def vocab_sha(self) -> str | None:
+        v = self.manifest.get("vocab_sha256")
+        return str(v) if v else None
+
+    @property
+    def avg_seq_per_sample(self) -> float:
+        """Sequences per row: packed shards' packing.json figure, 1.0 for the other kinds."""
+        return float(self.manifest.get("avg_seq_per_sample", 1.0)) if self.kind == "packed" else 1.0
+
+    def masking_params(self) -> dict[str, Any]:
+        """Dynamic masking's parameters from a dynamic shard's attributes (`bertforge data shards
+        --dynamic-masking`): max_pred, masked_lm_prob, special and [MASK] ids, whole-word masking. {} for the
+        kinds that are masked at creation."""
+        if self.kind != "dynamic":
+            return {}
+        a = self.attrs
+        out: dict[str, Any] = {}
+        if "max_pred" in a:
+            out["max_pred"] = int(a["max_pred"])
+        if "masked_lm_prob" in a:
+            out["masked_lm_prob"] = float(a["masked_lm_prob"])
+        ids = [int(a[k]) for k in ("pad_id", "cls_id", "sep_id") if k in a]
+        if ids:
+            out["special_ids"] = tuple(ids)
+        if "mask_id" in a:
+            out["mask_id"] = int(a["mask_id"])
+        if "wwm" in a:
+            out["wwm"] = bool(a["wwm"])
+        return out
+
+    # ------------------------------------------------------------------------------------ checks
+    def check_model(self, vocab_size: int, max_position_embeddings: int) -> None:
+        """A UserError when the model cannot take these shards: rows longer than its position table, or token
+        ids (the vocab the manifest records) beyond its vocab."""
+        if self.seq_len > max_position_embeddings:
+            raise UserError(f"shards in {self.directory} have seq_len {self.seq_len} but the model has "
+                            f"max_position_embeddings {max_position_embeddings}; set model.max_position_embeddings "
+                            f"to at least {self.seq_len}")
+        if self.vocab_size is not None and self.vocab_size > vocab_size:
+            raise UserError(f"shards in {self.directory} were built with a vocab of {self.vocab_size} tokens but the "
+                            f"model's vocab_size is {vocab_size}; set model.vocab_size to at least "
+                            f"{self.vocab_size} (or leave it unset to take it from the data)")
+
+    def check_compatible(self, other: "ShardSet") -> None:
+        """A UserError unless `other` (e.g. the eval shards) fits the model trained on these: same seq_len, same
+        vocab. Any kind may be evaluated on any other (packed training, unpacked eval is the usual pairing)."""
+        where = f"{self.directory} and {other.directory}"
+        if self.seq_len != other.seq_len:
+            raise UserError(f"shards in {where} differ in seq_len ({self.seq_len} vs {other.seq_len}); use eval "
+                            "shards of the same phase (data.eval_dir)")
+        if None not in (self.vocab_size, other.vocab_size) and self.vocab_size != other.vocab_size:
+            raise UserError(f"shards in {where} were built with different vocabs ({self.vocab_size} vs "
+                            f"{other.vocab_size} tokens); rebuild the eval shards with the training vocab")
+        if None not in (self.vocab_sha, other.vocab_sha) and self.vocab_sha != other.vocab_sha:
+            raise UserError(f"shards in {where} were built with different vocab files (sha256 differs); rebuild the "
+                            "eval shards with the training vocab")
+
+    # ------------------------------------------------------------------------------------ batch arithmetic
+    def rows_per_update(self, global_batch: int, micro_batch: int, world_size: int) -> int:
+        """Rows per update: the global batch in sequences, or for packed shards global / avg_seq_per_sample
+        rows rounded to a multiple of micro x world (DESIGN §3.3: an update still sees about as many sequences)."""
+        avg = self.avg_seq_per_sample
+        if avg <= 1.0:
+            return global_batch
+        unit = micro_batch * world_size
+        return max(unit, round(global_batch / avg / unit) * unit)
+
+
+def _stat_sig(paths: list[Path]) -> list[tuple[str, int, int, int]]:
+    """(name, size, mtime, inode) of each existing file: a rewrite (atomic: a new inode) changes it."""
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((p.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return out
+
+
+def _check_listed(directory: Path, manifest: Mapping[str, Any], infos: tuple[ShardInfo, ...]) -> None:
+    """The shards the manifest lists must be there with the rows it records (a deleted or truncated shard
+    would otherwise silently shrink the data)."""
+    have = {i.path.name: i for i in infos}
+    for entry in manifest.get("shards") or []:
+        name = entry.get("file") if isinstance(entry, dict) else entry
+        if not isinstance(name, str):
+            continue
+        if name not in have:
+            raise UserError(f"shard {directory / name} is missing (listed in the manifest of {directory}); re-run "
+                            "the command that wrote the directory (finished shards are kept) or restore the file")
+        want = entry.get("instances") if isinstance(entry, dict) else None
+        if want is not None and int(want) != have[name].rows:
+            raise UserError(f"shard {directory / name} is truncated (expected {want} rows, found "
+                            f"{have[name].rows}); re-run `bertforge data shards` or delete the file")
