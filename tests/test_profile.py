@@ -60,6 +60,22 @@ def test_step_profiler_stops_recording_after_its_window(tmp_path):
         prof.StepProfiler(tmp_path, steps=0)
 
 
+def test_top_ops_ranks_kernels_only_on_a_device():
+    from torch.autograd import DeviceType
+
+    def ev(key, kind, dev_us, cpu_us, count=1):
+        return SimpleNamespace(key=key, device_type=kind, self_device_time_total=dev_us, self_cpu_time_total=cpu_us,
+                               count=count)
+
+    # as seen on an H100: the op that launches a kernel carries the kernel's device time as well
+    events = [ev("aten::mm", DeviceType.CPU, 300.0, 50.0, 2), ev("sm90_gemm", DeviceType.CUDA, 300.0, 0.0, 2),
+              ev("elementwise", DeviceType.CUDA, 100.0, 0.0, 4), ev("aten::add", DeviceType.CPU, 0.0, 10.0)]
+    dev = prof.top_ops(events, on_device=True)
+    assert [r["name"] for r in dev] == ["sm90_gemm", "elementwise"] and dev[0]["share"] == pytest.approx(0.75)
+    cpu = prof.top_ops(events, on_device=False, n=1)
+    assert cpu == [{"name": "aten::mm", "self_ms": 0.05, "share": pytest.approx(50 / 60), "calls": 2}]
+
+
 def test_format_table_truncates_long_names():
     rows = [{"name": "k" * 200, "self_ms": 1.5, "share": 0.75, "calls": 3}]
     table = prof.format_table(rows, "title")
@@ -153,9 +169,12 @@ def test_power_window_integrates_power_samples(monkeypatch):
 def test_power_window_prefers_the_energy_counter(monkeypatch):
     fake = FakeNVML([100_000, 100_000], energy_mj=[5_000_000, 5_250_000])
     s = prof.PowerSampler("cuda", nvml=fake, start=False)
+    s._t0 = 0.0
     s.sample(now=0.0)
     s.sample(now=1.0)
-    assert s.window(sequences=50, now=1.0)["joules"] == pytest.approx(250)  # (5,250,000 - 5,000,000) mJ
+    w = s.window(sequences=50, now=2.0)
+    assert w["joules"] == pytest.approx(250)  # (5,250,000 - 5,000,000) mJ, not the samples' 100 J
+    assert w["watts"] == pytest.approx(125) and w["joules_per_seq"] == pytest.approx(5)  # 250 J over 2 s
     s.close()
 
 

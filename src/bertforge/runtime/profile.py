@@ -61,10 +61,16 @@ def _self_device_us(event: Any) -> float:
 
 
 def top_ops(events: Any, on_device: bool, n: int = 15) -> list[dict[str, Any]]:
-    """The n events of `key_averages()` with the most self time: device time (kernels) when `on_device`, CPU
-    time otherwise. Each: name, self_ms, share (of the total self time), calls."""
-    rows = [(e.key, _self_device_us(e) if on_device else float(e.self_cpu_time_total), int(e.count))
-            for e in events]
+    """The n events of `key_averages()` with the most self time: device time of the device's own events
+    (kernels, copies) when `on_device`, CPU time of ops otherwise. Each: name, self_ms, share (of the total
+    self time of the ranked kind), calls. The ops that launch kernels carry the kernels' device time too
+    (seen on an H100, torch 2.11): counting both would count it twice, so ops are left out on a device."""
+    from torch.autograd import DeviceType
+
+    if on_device:
+        rows = [(e.key, _self_device_us(e), int(e.count)) for e in events if e.device_type != DeviceType.CPU]
+    else:
+        rows = [(e.key, float(e.self_cpu_time_total), int(e.count)) for e in events]
     rows = [r for r in rows if r[1] > 0]
     total = sum(r[1] for r in rows) or 1.0
     rows.sort(key=lambda r: -r[1])
@@ -242,11 +248,15 @@ class PowerSampler:
             now = time.monotonic() if now is None else now
             n, sums, joules, seconds = self._n, self._sums, self._joules, now - self._t0
             self._reset_window(now)
-        if self._energy_mj is not None:  # the hardware counter is exact; samples only give the averages
+        watts = sums[0] / n
+        if self._energy_mj is not None:  # the hardware counter is exact and covers the whole window
             energy = self._read_energy()
             if energy is not None:
                 joules, self._energy_mj = (energy - self._energy_mj) / 1000.0, energy
-        out = {"watts": sums[0] / n, "sm_clock_mhz": sums[1] / n, "temp_c": sums[2] / n,
+                # NVML's power reading is a ~1 s moving average that lags load changes (an H100 ramping up
+                # read 592 W on average while its counter gave 736 W over the same 3 s): energy / time
+                watts = joules / seconds if seconds > 0 else watts
+        out = {"watts": watts, "sm_clock_mhz": sums[1] / n, "temp_c": sums[2] / n,
                "mem_used_gb": sums[3] / n, "joules": joules, "power_seconds": seconds}
         if sequences:
             out["joules_per_seq"] = joules / sequences
