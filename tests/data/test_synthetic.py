@@ -181,6 +181,21 @@ def test_packed_rows_follow_the_packed_schema():
     assert seqs / 128 == pytest.approx(lo.avg_seq_per_sample, rel=0.25)
 
 
+@pytest.mark.parametrize("seq_len, k, histogram", [(512, 3, "wiki"), (64, 5, [[5, 1], [9, 2], [30, 1], [64, 1]]),
+                                                   (32, 1, "wiki")])
+def test_pack_in_order_equals_build_packed_rows(seq_len, k, histogram):
+    plan = syn.pack_plan(seq_len, syn._hashable(histogram), k, 10)
+    rng = np.random.default_rng(k)
+    lengths = plan.table[np.searchsorted(plan.cdf, rng.random(64) * plan.cdf[-1], side="right")]  # (64, K)
+    used = lengths > 0
+    samples = syn.make_sequences(lengths[used], seq_len, 10, 30522, rng)
+    packs = np.where(used, np.cumsum(used.ravel()).reshape(used.shape) - 1, -1)  # (64, K) sequence indices
+    fast, reference = syn.pack_in_order(samples, lengths, plan.width), pk.build_packed_rows(samples, packs, plan.width)
+    assert fast.keys() == reference.keys()
+    for name in reference:
+        assert fast[name].dtype == reference[name].dtype and np.array_equal(fast[name], reference[name]), name
+
+
 def test_pack_plan_matches_bertforge_pack():
     plan = syn.pack_plan(512, "wiki", 3, 80)
     assert plan.table.shape[1] == 3 and (plan.table.sum(1) <= 512).all() and plan.width >= 83

