@@ -206,10 +206,11 @@ def test_pack_plan_matches_bertforge_pack():
 
 
 # ---------------------------------------------------------------------------------------- determinism
-@pytest.mark.parametrize("pack", [0, 2])
-def test_exact_resume(pack):
+@pytest.mark.parametrize("pack, workers", [(0, 0), (2, 0), (2, 2)])
+def test_exact_resume(pack, workers):
     lo = _loader(global_batch=8, micro_batch=2, pack=pack)
     full = _batches(lo, 5 * lo.accum)
+    lo.num_workers = workers  # worker processes hand the same batches out in the same order
     resumed = _batches(lo, 2 * lo.accum, start=3)
     for a, b in zip(full[3 * lo.accum:], resumed):
         assert all(torch.equal(a[k], b[k]) for k in a)
@@ -251,6 +252,7 @@ def test_config_keys_and_loader_for():
     assert cfg.data.synthetic and cfg.data.synthetic_histogram == "wiki" and cfg.data.synthetic_vocab_size == 30522
     lo = syn.loader_for(cfg.data, global_batch=256, micro_batch=8, rank=0, world_size=1, seed=1)
     assert lo.kind == "synthetic-packed" and lo.accum == round(256 / lo.avg_seq_per_sample / 8)
+    assert lo.num_workers == cfg.data.num_workers and lo.prefetch == cfg.data.prefetch
     assert syn.loader_for(SimpleNamespace(**{**vars(cfg.data), "synthetic_pack": 0}), 256, 8, 0, 1, 1).accum == 32
     custom = build_config(PretrainConfig, {"data": {"input_dir": "synthetic", "synthetic_histogram": [[64, 1]],
                                                     "synthetic_seq_len": 64}})

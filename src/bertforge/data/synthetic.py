@@ -304,8 +304,10 @@ class SyntheticLoader:
 
     def __init__(self, seq_len: int, max_pred: int, vocab_size: int, global_batch: int, micro_batch: int,
                  rank: int, world_size: int, seed: int, histogram: Any = "wiki", pack: int = 0,
-                 masked_lm_prob: float = 0.15, pack_algorithm: str = "lpfhp"):
+                 masked_lm_prob: float = 0.15, pack_algorithm: str = "lpfhp", num_workers: int = 0,
+                 prefetch: int = 4):
         check_params(seq_len, max_pred, vocab_size, histogram, pack, pack_algorithm)
+        self.num_workers, self.prefetch = num_workers, prefetch
         self.seq_len, self.vocab_size, self.micro_batch, self.seed = seq_len, vocab_size, micro_batch, seed
         self.pack, self.masked_lm_prob, self._max_pred = pack, masked_lm_prob, max_pred
         self._accum = batch_arithmetic(global_batch, micro_batch, world_size)
@@ -350,10 +352,34 @@ class SyntheticLoader:
         return pk.unpacked_model_inputs(rows)
 
     def iterate(self, start_batch: int = 0) -> Iterator[dict[str, torch.Tensor]]:
-        """Endless micro-batches of this rank from update `start_batch` on: each update, one per own lane."""
-        for number in itertools.count(start_batch):
-            for lane in self.my_lanes:
-                yield self.batch(lane, number)
+        """Endless micro-batches of this rank from update `start_batch` on: each update, one per own lane; made
+        in `num_workers` processes (in order, `prefetch` each ahead) or, with 0, here when asked for."""
+        stream = _SyntheticStream(self, start_batch)
+        if self.num_workers == 0:
+            return iter(stream)
+        from bertforge.data.loader import _can_fork
+
+        return iter(torch.utils.data.DataLoader(
+            stream, batch_size=None, num_workers=self.num_workers, prefetch_factor=self.prefetch,
+            # its own generator: creating the iterator must not draw from the global RNG (exact resume)
+            generator=torch.Generator().manual_seed(self.seed),
+            multiprocessing_context="fork" if _can_fork() else None))
+
+
+class _SyntheticStream(torch.utils.data.IterableDataset):
+    """Item k of a rank is lane my_lanes[k % accum]'s micro-batch start + k // accum; worker w of W makes the
+    items w, w + W, ... and the DataLoader hands them out in order."""
+
+    def __init__(self, loader: SyntheticLoader, start_batch: int):
+        super().__init__()
+        self.loader, self.start = loader, start_batch
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        lanes = self.loader.my_lanes
+        for k in itertools.count(wid, nw):
+            yield self.loader.batch(lanes[k % len(lanes)], self.start + k // len(lanes))
 
 
 def check_params(seq_len: int, max_pred: int, vocab_size: int, histogram: Any, pack: int,
@@ -373,7 +399,8 @@ def check_params(seq_len: int, max_pred: int, vocab_size: int, histogram: Any, p
 def loader_for(cfg_data: Any, global_batch: int, micro_batch: int, rank: int, world_size: int,
                seed: int) -> SyntheticLoader:
     """The synthetic loader of a `PretrainDataConfig` with input_dir "synthetic". `global_batch` counts
-    sequences (train.global_batch_size): packed, the update takes global / avg_seq_per_sample rows."""
+    sequences (train.global_batch_size): packed, the update takes global / avg_seq_per_sample rows. Batches
+    are made in data.num_workers processes, data.prefetch each ahead."""
     d = cfg_data
     args = (d.synthetic_seq_len, d.synthetic_max_pred, d.synthetic_vocab_size, d.synthetic_histogram,
             d.synthetic_pack, d.synthetic_pack_algorithm)
@@ -385,4 +412,5 @@ def loader_for(cfg_data: Any, global_batch: int, micro_batch: int, rank: int, wo
         rows = packed_rows_per_update(global_batch, plan.avg_seq_per_sample, micro_batch, world_size)
     return SyntheticLoader(d.synthetic_seq_len, d.synthetic_max_pred, d.synthetic_vocab_size, rows, micro_batch,
                            rank, world_size, seed, d.synthetic_histogram, d.synthetic_pack,
-                           pack_algorithm=d.synthetic_pack_algorithm)
+                           pack_algorithm=d.synthetic_pack_algorithm, num_workers=d.num_workers,
+                           prefetch=d.prefetch)
