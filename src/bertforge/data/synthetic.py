@@ -18,8 +18,8 @@ schema; packed: the packed schema of DESIGN §3.3, as `bertforge pack` writes it
   (imitation 51.3%), mode 50 (same), median of the short rows 135 (same), LPFHP with K=3 1.79 sequences per
   pack (imitation 1.82), NNLSHP with K=3 2.03 on the imitation (MLPerf's packed data: ~2).
 - ``"wiki"`` at seq_len <= 256 (phase 1, NVIDIA's seq-128 data): Google's `create_pretraining_data` with
-  short_seq_prob 0.1 gives a short target uniform in 2..125 tokens (5..128 with [CLS]/[SEP]) to 10% of
-  the rows; the other rows fill to the full length, except the last rows of documents, which end early
+  short_seq_prob 0.1 gives a short target uniform in 2..125 tokens (5..128 with [CLS]/[SEP]); Google draws
+  it once per document, here it is 10% of the rows; the other rows fill to the full length, except the last rows of documents, which end early
   (an imitation: 14% of the rows, lengths ~ normal(0.55 S, 0.2 S)). That is 76% full rows and ~11% padding.
   For comparison, our own `bertforge data shards --seq-len 128` on WikiText-2's validation articles (long
   "good" articles, few document ends) measured 83.5% full rows and 7% padding; full Wikipedia has many short
@@ -240,7 +240,7 @@ def make_packed_rows(plan: PackPlan, rows: int, seq_len: int, max_pred: int, voc
 def pack_in_order(samples: dict[str, np.ndarray], lengths: np.ndarray, width: int) -> dict[str, np.ndarray]:
     """`packing.build_packed_rows` for sequences that come in pack order (row by row, slot by slot; `lengths`
     (R, K) of the packs, 0 = empty slot, longest first): one flat gather per array instead of one pass per slot
-    (5x faster on 256 x 512 rows); the tests check that both give the same rows."""
+    (2x faster on 256 x 512 rows); the tests check that both give the same rows."""
     R, K = lengths.shape
     S = samples["input_ids"].shape[1]
     used = lengths > 0  # (R, K)
