@@ -19,8 +19,9 @@ schema; packed: the packed schema of DESIGN §3.3, as `bertforge pack` writes it
   pack (imitation 1.82), NNLSHP with K=3 2.03 on the imitation (MLPerf's packed data: ~2).
 - ``"wiki"`` at seq_len <= 256 (phase 1, NVIDIA's seq-128 data): Google's `create_pretraining_data` with
   short_seq_prob 0.1 gives a short target uniform in 2..125 tokens (5..128 with [CLS]/[SEP]); Google draws
-  it once per document, here it is 10% of the rows; the other rows fill to the full length, except the last rows of documents, which end early
-  (an imitation: 14% of the rows, lengths ~ normal(0.55 S, 0.2 S)). That is 76% full rows and ~11% padding.
+  it once per document, here it is 10% of the rows; the other rows fill to the full length, except the last
+  rows of documents, which end early (an imitation: 14% of the rows, lengths ~ normal(0.55 S, 0.2 S)). That
+  is 76% full rows and ~11% padding.
   For comparison, our own `bertforge data shards --seq-len 128` on WikiText-2's validation articles (long
   "good" articles, few document ends) measured 83.5% full rows and 7% padding; full Wikipedia has many short
   articles, hence more document ends. These phase-1 numbers are an imitation, not published counts.
