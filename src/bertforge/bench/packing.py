@@ -1,15 +1,13 @@
 """Packing benchmarks (specs: benchmarks/packing*.yml): algorithm speed and quality on 16M lengths, peak memory
 of `bertforge pack` as the data grows 10x, and training throughput on packed vs unpacked shards.
 
-The length distribution `wiki_like_lengths` imitates the published Wikipedia seq-512 histogram (Krell et al.
-2021, Fig. 1 / Graphcore's `histograms.py`): 23.4% of the sequences are full length (512) and the rest follow a
-log-normal with its mode near 50 tokens and a long tail, giving ~51% padding (the paper: "about half").
-It is a parametric imitation, not the published counts.
+The length distribution is `bertforge.data.synthetic.wiki_like_lengths`, the parametric imitation of the
+published Wikipedia seq-512 histogram (23.4% full-length rows, a log-normal with its mode near 50 tokens, ~51%
+padding) that the synthetic data source uses too; its docstring says where the numbers come from.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
@@ -23,20 +21,7 @@ import numpy as np
 from bertforge.data import packing as pk
 from bertforge.data import packing_algorithms as pa
 from bertforge.data import packing_rows as pr
-
-
-@functools.lru_cache(maxsize=4)
-def wiki_like_lengths(n: int, seq_len: int = 512, seed: int = 0) -> np.ndarray:
-    """n sequence lengths from the Wikipedia-like histogram described in the module docstring."""
-    from scipy.special import ndtr, ndtri
-
-    rng = np.random.default_rng(seed)
-    sigma, mode = 1.1, 50.0
-    mu = np.log(mode) + sigma**2  # log-normal mode = exp(mu - sigma^2)
-    lo, hi = ndtr((np.log(4.5) - mu) / sigma), ndtr((np.log(seq_len - 0.5) - mu) / sigma)
-    short = np.rint(np.exp(mu + sigma * ndtri(rng.uniform(lo, hi, n))))  # truncated to 5..seq_len-1
-    full = rng.random(n) < 0.234
-    return np.where(full, seq_len, short).astype(np.int16)
+from bertforge.data.synthetic import wiki_like_lengths
 
 
 def algorithm(algorithm: str = "lpfhp", n: int = 16_000_000, max_per_pack: int = 3, seq_len: int = 512,

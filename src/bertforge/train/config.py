@@ -33,6 +33,28 @@ class PretrainDataConfig:
     """Dynamic-masking shards: pack each micro-batch of sequences on the fly into rows of at most this many
     sequences (0: off). Stored-mask shards are packed once with `bertforge pack` instead."""
 
+    synthetic_seq_len: int = 128
+    """data.input_dir: synthetic only: sequence length of the generated rows (128 phase 1, 512 phase 2)."""
+    synthetic_max_pred: int = 20
+    """data.input_dir: synthetic only: masked-LM predictions per sequence at most (20 phase 1, 80 phase 2)."""
+    synthetic_histogram: str | list = "wiki"
+    """data.input_dir: synthetic only: real-length distribution: "wiki" (an imitation of Wikipedia's phase-1 or
+    phase-2 histogram, by seq_len), "full" (every row full length) or a list of [length, weight] pairs."""
+    synthetic_pack: int = 0
+    """data.input_dir: synthetic only: 0 = unpacked rows; K = packed rows of at most K sequences (as
+    `bertforge pack --max-per-pack K` makes them; the update then takes global / avg_seq_per_sample rows)."""
+    synthetic_pack_algorithm: str = "lpfhp"
+    """data.input_dir: synthetic only: packing algorithm of packed rows (lpfhp | spfhp | nnlshp; nnlshp packs
+    denser, ~2.0 sequences per row at seq 512 and K=3 like MLPerf's data, and takes ~20 s at start)."""
+    synthetic_vocab_size: int = 30522
+    """data.input_dir: synthetic only: token ids are drawn below this (bert-base-uncased's layout of [CLS],
+    [SEP], [MASK] from 1000 up; [PAD] [UNK] [CLS] [SEP] [MASK] = 0..4 below)."""
+
+    @property
+    def synthetic(self) -> bool:
+        """True when batches are generated on the fly (`data.input_dir: synthetic`) instead of read."""
+        return self.input_dir == "synthetic"
+
     def validate(self) -> None:
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
@@ -40,6 +62,13 @@ class PretrainDataConfig:
             raise ConfigError("data.eval_batches must be >= 0 and data.chunk_rows >= 1")
         if self.prefetch < 1:
             raise ConfigError(f"data.prefetch must be >= 1, got {self.prefetch}")
+        from bertforge.data.synthetic import check_params
+
+        check_params(self.synthetic_seq_len, self.synthetic_max_pred, self.synthetic_vocab_size,
+                     self.synthetic_histogram, self.synthetic_pack, self.synthetic_pack_algorithm)
+        if self.synthetic and self.pack_per_row:
+            raise ConfigError("data.pack_per_row packs dynamic-masking shards; with data.input_dir: synthetic "
+                              "set data.synthetic_pack instead")
 
 
 @dataclasses.dataclass
