@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from bertforge.data import packing as pk
+from bertforge.data import packing_algorithms as pa
+from bertforge.data import packing_rows as pr
 from bertforge.data import synthetic as syn
 from bertforge.data.instances import num_to_predict
 from bertforge.data.loader import PretrainLoader
@@ -55,7 +57,7 @@ def test_keys_dtypes_and_shapes_equal_the_real_loaders(tmp_path):
         assert ours["input_ids"].shape == real["input_ids"].shape
         if pack:
             assert ours["nsp_positions"].shape == real["nsp_positions"].shape == (4, 3)
-            assert ours["masked_positions"].shape[1] == pk.mlm_width(5, 3) == 8
+            assert ours["masked_positions"].shape[1] == pr.mlm_width(5, 3) == 8
             assert set(ours["nsp_labels"].unique().tolist()) <= {-1, 0, 1}
         else:
             assert ours["masked_positions"].shape == real["masked_positions"].shape
@@ -190,7 +192,7 @@ def test_pack_in_order_equals_build_packed_rows(seq_len, k, histogram):
     used = lengths > 0
     samples = syn.make_sequences(lengths[used], seq_len, 10, 30522, rng)
     packs = np.where(used, np.cumsum(used.ravel()).reshape(used.shape) - 1, -1)  # (64, K) sequence indices
-    fast, reference = syn.pack_in_order(samples, lengths, plan.width), pk.build_packed_rows(samples, packs, plan.width)
+    fast, reference = syn.pack_in_order(samples, lengths, plan.width), pr.build_packed_rows(samples, packs, plan.width)
     assert fast.keys() == reference.keys()
     for name in reference:
         assert fast[name].dtype == reference[name].dtype and np.array_equal(fast[name], reference[name]), name
@@ -199,7 +201,7 @@ def test_pack_in_order_equals_build_packed_rows(seq_len, k, histogram):
 def test_pack_plan_matches_bertforge_pack():
     plan = syn.pack_plan(512, "wiki", 3, 80)
     assert plan.table.shape[1] == 3 and (plan.table.sum(1) <= 512).all() and plan.width >= 83
-    strategy = pk.lpfhp(np.rint(syn.wiki_phase2_pmf(512) * syn.PACK_SAMPLE).astype(np.int64), 512, 3)
+    strategy = pa.lpfhp(np.rint(syn.wiki_phase2_pmf(512) * syn.PACK_SAMPLE).astype(np.int64), 512, 3)
     assert plan.avg_seq_per_sample == pytest.approx(strategy.sequences / strategy.packs)
     assert 0.85 < plan.efficiency < 0.95
     assert syn.packed_rows_per_update(256, 1.8, 8, 2) == 144 and syn.packed_rows_per_update(256, 1.0, 8, 2) == 256

@@ -51,7 +51,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from bertforge.data import packing as pk
+from bertforge.data import packing_algorithms as pa
+from bertforge.data import packing_rows as pr
+from bertforge.data.shardset import PACKED_SCHEMA
 from bertforge.data.instances import mask_batch, num_to_predict
 from bertforge.data.loader import batch_arithmetic
 from bertforge.errors import ConfigError
@@ -219,12 +221,12 @@ def pack_plan(seq_len: int, histogram: Any, max_per_pack: int, max_pred: int, ma
               algorithm: str = "lpfhp") -> PackPlan:
     """The packing strategy of PACK_SAMPLE sequences of the histogram (hashable: str or tuple of pairs)."""
     hist = np.rint(length_pmf(histogram, seq_len) * PACK_SAMPLE).astype(np.int64)
-    strategy = pk.pack_histogram(hist, seq_len, max_per_pack, algorithm)
+    strategy = pa.pack_histogram(hist, seq_len, max_per_pack, algorithm)
     table = np.zeros((len(strategy.combos), max_per_pack), np.int64)
     for j, combo in enumerate(strategy.combos):
         table[j, : len(combo)] = combo
     preds = num_to_predict(np.arange(seq_len + 1), max_pred, masked_lm_prob)  # predictions by length
-    width = pk.mlm_width(max_pred, max_per_pack, preds, np.where(table > 0, table, -1))
+    width = pr.mlm_width(max_pred, max_per_pack, preds, np.where(table > 0, table, -1))
     return PackPlan(table, np.cumsum(strategy.counts).astype(np.float64), strategy.sequences / strategy.packs,
                     strategy.efficiency, width)
 
@@ -278,7 +280,7 @@ def pack_in_order(samples: dict[str, np.ndarray], lengths: np.ndarray, width: in
     out["masked_lm_ids"] = np.zeros((R, width), np.int32)
     out["masked_lm_positions"][rows, slots] = pos[seq, j] + offset[seq]
     out["masked_lm_ids"][rows, slots] = samples["masked_lm_ids"][seq, j]
-    return {name: out[name] for name in pk.PACKED_SCHEMA}
+    return {name: out[name] for name in PACKED_SCHEMA}
 
 
 def packed_rows_per_update(global_batch: int, avg_seq_per_sample: float, micro_batch: int, world_size: int) -> int:
@@ -347,10 +349,10 @@ class SyntheticLoader:
         if self.plan is not None:
             rows = make_packed_rows(self.plan, self.micro_batch, self.seq_len, self._max_pred, self.vocab_size,
                                     rng, self.masked_lm_prob)
-            return pk.packed_model_inputs(rows)
+            return pr.packed_model_inputs(rows)
         lengths = sample_lengths(self.cdf, self.micro_batch, rng)
         rows = make_sequences(lengths, self.seq_len, self._max_pred, self.vocab_size, rng, self.masked_lm_prob)
-        return pk.unpacked_model_inputs(rows)
+        return pr.unpacked_model_inputs(rows)
 
     def iterate(self, start_batch: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         """Endless micro-batches of this rank from update `start_batch` on: each update, one per own lane; made
@@ -392,8 +394,8 @@ def check_params(seq_len: int, max_pred: int, vocab_size: int, histogram: Any, p
     token_ids(vocab_size)  # checks the size
     if pack < 0:
         raise ConfigError(f"data.synthetic_pack must be >= 0 (0 = unpacked), got {pack}")
-    if pack_algorithm not in pk.ALGORITHMS:
-        raise ConfigError(f"data.synthetic_pack_algorithm must be one of {', '.join(pk.ALGORITHMS)}, "
+    if pack_algorithm not in pa.ALGORITHMS:
+        raise ConfigError(f"data.synthetic_pack_algorithm must be one of {', '.join(pa.ALGORITHMS)}, "
                           f"got {pack_algorithm!r}")
 
 
