@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,33 @@ def test_mixed_precision_runs(shards, tmp_path, precision):
     state = ckpt.latest_checkpoint(tmp_path / precision / "checkpoints").load_state()
     if precision == "fp16":
         assert state["scaler"]["scale"] > 0  # the scaler's state is saved for resume
+
+
+@pytest.mark.parametrize("pack", [0, 3])
+def test_synthetic_source_trains_and_profiles(tmp_path, overrides, pack):
+    """`data.input_dir: synthetic` trains with no shards at all (unpacked and packed), and `--profile N` writes
+    a Perfetto trace and the top-kernel table through the real CLI."""
+    from bertforge.cli import main
+    from bertforge.runtime.metrics import read_jsonl
+
+    out = tmp_path / "run"
+    sets = overrides("synthetic", out, **{"data.synthetic_seq_len": 64, "data.synthetic_max_pred": 8,
+                                          "data.synthetic_vocab_size": 64, "data.synthetic_pack": pack,
+                                          "train.max_steps": 4, "train.save_every": 0})
+    assert main(["pretrain", "--config", "demo_tiny_128", "--profile", "2",
+                 *(x for s in sets for x in ("--set", s))]) == 0
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r]
+    assert len(rows) == 4 and all(math.isfinite(r["loss"]) and r["mfu"] > 0 for r in rows)
+    if pack:  # packed rows carry more than one sequence each
+        assert rows[-1]["seq_per_s"] > rows[-1]["rows_per_s"]
+    trace = json.loads((out / "profile" / "trace.json").read_text())
+    assert trace["traceEvents"] and (out / "profile" / "top_ops.txt").read_text().strip()
+    assert not (out / "checkpoints").exists()  # train.save_every=0: a benchmark run writes no checkpoint
+
+
+def test_bad_eval_dir_and_too_long_rows_fail_at_start_up(shards, tmp_path, overrides):
+    with pytest.raises(UserError, match="does not exist"):
+        run_pretrain(_cfg(shards, tmp_path / "a", **{"data.eval_dir": str(tmp_path / "nope")}))
+    with pytest.raises(UserError, match="max_position_embeddings"):
+        run_pretrain(_cfg(shards, tmp_path / "b", **{"model.max_position_embeddings": 16}))
+    assert not (tmp_path / "a" / "checkpoints").exists() and not (tmp_path / "b" / "checkpoints").exists()

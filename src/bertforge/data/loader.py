@@ -34,18 +34,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from bertforge.data.shardset import ROW_KEYS, ShardInfo, ShardSet, read_manifest  # noqa: F401 (read_manifest: loop)
+from bertforge.data.shardset import ROW_KEYS, ShardSet
 from bertforge.errors import UserError
-
-
-def shard_files(directory: str | Path) -> list[Path]:
-    """Transitional: the shard files of a directory. Kept for `train/loop.py` until it calls `ShardSet`."""
-    return list(ShardSet.open(directory).files)
-
-
-def inspect_shards(files: list[Path]) -> list[ShardInfo]:
-    """Transitional: per-shard metadata. Kept for `train/loop.py` until it calls `ShardSet`."""
-    return [ShardInfo.read(Path(f)) for f in files]
 
 
 @dataclass

@@ -334,11 +334,16 @@ class ShardSet:
     def rows_per_update(self, global_batch: int, micro_batch: int, world_size: int) -> int:
         """Rows per update: the global batch in sequences, or for packed shards global / avg_seq_per_sample
         rows rounded to a multiple of micro x world (DESIGN §3.3: an update still sees about as many sequences)."""
-        avg = self.avg_seq_per_sample
-        if avg <= 1.0:
-            return global_batch
-        unit = micro_batch * world_size
-        return max(unit, round(global_batch / avg / unit) * unit)
+        return packed_rows_per_update(global_batch, self.avg_seq_per_sample, micro_batch, world_size)
+
+
+def packed_rows_per_update(global_batch: int, avg_seq_per_sample: float, micro_batch: int, world_size: int) -> int:
+    """Rows per update for `global_batch` sequences: global / avg_seq_per_sample packed rows rounded to a
+    multiple of micro x world (DESIGN §3.3: an update still sees about the same number of sequences)."""
+    if avg_seq_per_sample <= 1.0:
+        return global_batch
+    unit = micro_batch * world_size
+    return max(unit, round(global_batch / avg_seq_per_sample / unit) * unit)
 
 
 def _stat_sig(paths: list[Path]) -> list[tuple[str, int, int, int]]:

@@ -53,7 +53,7 @@ import torch
 
 from bertforge.data import packing_algorithms as pa
 from bertforge.data import packing_rows as pr
-from bertforge.data.shardset import PACKED_SCHEMA
+from bertforge.data.shardset import PACKED_SCHEMA, packed_rows_per_update
 from bertforge.data.instances import mask_batch, num_to_predict
 from bertforge.data.loader import batch_arithmetic
 from bertforge.errors import ConfigError
@@ -281,15 +281,6 @@ def pack_in_order(samples: dict[str, np.ndarray], lengths: np.ndarray, width: in
     out["masked_lm_positions"][rows, slots] = pos[seq, j] + offset[seq]
     out["masked_lm_ids"][rows, slots] = samples["masked_lm_ids"][seq, j]
     return {name: out[name] for name in PACKED_SCHEMA}
-
-
-def packed_rows_per_update(global_batch: int, avg_seq_per_sample: float, micro_batch: int, world_size: int) -> int:
-    """Rows per update for `global_batch` sequences: global / avg_seq_per_sample packed rows rounded to a
-    multiple of micro x world (DESIGN §3.3: an update still sees about the same number of sequences)."""
-    if avg_seq_per_sample <= 1.0:
-        return global_batch
-    unit = micro_batch * world_size
-    return max(unit, round(global_batch / avg_seq_per_sample / unit) * unit)
 
 
 # ============================================================================================ loader

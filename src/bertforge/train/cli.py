@@ -13,6 +13,9 @@ def pretrain_add(p: argparse.ArgumentParser) -> None:
                    help="continue from the newest complete checkpoint in train.output_dir/checkpoints")
     p.add_argument("--json-summary", default=None, metavar="FILE",
                    help="also write dllogger-compatible JSON lines (NVIDIA DeepLearningExamples format) here")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="record N steps (after one warm-up step) with torch.profiler into train.output_dir/profile "
+                        "(trace.json opens in Perfetto or TensorBoard) and print the top kernels by time")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--list-keys", action="store_true", help="list every config key with its default and meaning")
 
@@ -46,7 +49,7 @@ def pretrain_run(args: argparse.Namespace) -> int:
         Path(cfg.train.output_dir).mkdir(parents=True, exist_ok=True)
         save_config(cfg, Path(cfg.train.output_dir) / "config.yaml")
     try:
-        summary = run_pretrain(cfg, resume=args.resume, json_summary=args.json_summary)
+        summary = run_pretrain(cfg, resume=args.resume, json_summary=args.json_summary, profile_steps=args.profile)
     finally:
         distributed.cleanup()
     if info.is_main:

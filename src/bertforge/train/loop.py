@@ -24,7 +24,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from bertforge import device as dev
-from bertforge.data.loader import PretrainLoader, eval_batches, read_manifest
+from bertforge.data import synthetic
+from bertforge.data.loader import PretrainLoader, eval_batches
+from bertforge.data.shardset import ShardSet
 from bertforge.errors import UserError
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
@@ -32,6 +34,7 @@ from bertforge.train import checkpoint as ckpt
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime import fp8
 from bertforge.runtime.activation import apply_activation_checkpointing
+from bertforge.runtime.profile import PowerSampler, StepProfiler
 from bertforge.train.config import PretrainConfig
 from bertforge.train.step import TrainStep, set_lr, to_device, train_step
 from bertforge.runtime.metrics import MetricsLogger
@@ -56,15 +59,12 @@ class TrainState:
 
 
 # --------------------------------------------------------------------------------------------- pieces
-def resolve_vocab(cfg: PretrainConfig) -> tuple[int, Path | None]:
-    """(vocab size, vocab file to ship with checkpoints) from data.vocab, the manifest, or model.vocab_size."""
+def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int, Path | None]:
+    """(vocab size, vocab file to ship with checkpoints) from data.vocab, the shards' manifest, or
+    model.vocab_size (synthetic data: data.synthetic_vocab_size)."""
     source = cfg.data.vocab
-    manifest = read_manifest(cfg.data.input_dir) if Path(cfg.data.input_dir).is_dir() else {}
-    if source is None:
-        for key in ("vocab_file", "vocab"):
-            if isinstance(manifest.get(key), str) and Path(manifest[key]).exists():
-                source = manifest[key]
-                break
+    if source is None and shards is not None and shards.vocab_file is not None:
+        source = str(shards.vocab_file)
     vocab_file = None
     size = cfg.model.vocab_size
     if source is not None:
@@ -79,8 +79,39 @@ def resolve_vocab(cfg: PretrainConfig) -> tuple[int, Path | None]:
 
             size = load_tokenizer(path).get_vocab_size()
     if size is None:
-        size = int(manifest.get("vocab_size", 30522))
+        size = cfg.data.synthetic_vocab_size if shards is None else (shards.vocab_size or 30522)
     return size, vocab_file
+
+
+def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
+    """The training shards, read once (None for the synthetic source), and the eval shards checked against
+    them now — a missing or mismatched eval directory fails at start-up, not at the first evaluation."""
+    d = cfg.data
+    shards = None if d.synthetic else ShardSet.open(d.input_dir)
+    if d.eval_dir:
+        held_out = ShardSet.open(d.eval_dir)
+        if shards is not None:
+            shards.check_compatible(held_out)
+    return shards
+
+
+def build_loader(cfg: PretrainConfig, shards: ShardSet | None, info: ddp.DistInfo, vocab_size: int):
+    t, d = cfg.train, cfg.data
+    if shards is None:
+        return synthetic.loader_for(d, t.global_batch_size, t.micro_batch_size, info.rank, info.world_size, t.seed)
+    rows = shards.rows_per_update(t.global_batch_size, t.micro_batch_size, info.world_size)
+    return PretrainLoader.from_dir(shards, rows, t.micro_batch_size, info.rank, info.world_size, t.seed,
+                                   d.num_workers, d.prefetch, d.chunk_rows, vocab_size=vocab_size,
+                                   pack_per_row=d.pack_per_row)
+
+
+def check_fits(loader, shards: ShardSet | None, bert_cfg) -> None:
+    """Sequence length and token ids against the model, before the first step (a device-side assert later)."""
+    if shards is not None:
+        shards.check_model(bert_cfg.vocab_size, bert_cfg.max_position_embeddings)
+    elif loader.seq_len > bert_cfg.max_position_embeddings:
+        raise UserError(f"data.synthetic_seq_len {loader.seq_len} is longer than model.max_position_embeddings "
+                        f"{bert_cfg.max_position_embeddings}; lower one or raise the other")
 
 
 def build_bert_config(cfg: PretrainConfig, vocab_size: int):
@@ -151,6 +182,8 @@ class Run:
     """When set-up began: the first step's end minus this is the time to the first step (compile included)."""
     first_step_s: float | None = None
     fp8_guard: fp8.Fp8Guard | None = None
+    power: PowerSampler | None = None
+    """NVML power, clocks and temperature on NVIDIA GPUs (a no-op elsewhere)."""
     save_hook: Callable[[Path], None] | None = None
 
     @property
@@ -209,7 +242,8 @@ def setup(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = 
     t, o, d = cfg.train, cfg.optim, cfg.data
     info, device = ddp.init_distributed(t.device)
     precision = dev.resolve_precision(t.precision, device)
-    vocab_size, vocab_file = resolve_vocab(cfg)
+    shards = open_data(cfg, info)
+    vocab_size, vocab_file = resolve_vocab(cfg, shards)
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
     model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size))
     model.to(device)
@@ -223,15 +257,13 @@ def setup(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = 
     # DDP wraps the restored model (it broadcasts rank 0's weights); compile wraps DDP
     step = TrainStep.build(model, optimizer, device, precision, o.max_grad_norm, t.compile,
                            ddp=ddp.wrap_ddp(model, device, info) if info.distributed else None, scaler=scaler)
-    global_rows = rows_per_update(d.input_dir, t.global_batch_size, t.micro_batch_size, info.world_size)
-    loader = PretrainLoader.from_dir(d.input_dir, global_rows, t.micro_batch_size, info.rank,
-                                     info.world_size, t.seed, d.num_workers, d.prefetch, d.chunk_rows,
-                                     vocab_size=vocab_size, pack_per_row=d.pack_per_row)
+    loader = build_loader(cfg, shards, info, vocab_size)
+    check_fits(loader, shards, bert_cfg)
     logger = MetricsLogger(Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard,
                            resume=resumed)
     run = Run(cfg, info, device, precision, model, bert_cfg, vocab_size, vocab_file, step, loader, logger, state,
               resumed, ckpt_root, seconds_before=state.train_seconds, t_created=t_created, fp8_guard=guard,
-              save_hook=save_hook)
+              power=PowerSampler(device) if info.is_main else None, save_hook=save_hook)
     _announce(run)
     return run
 
@@ -300,9 +332,12 @@ def evaluate_run(run: Run) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-def train(run: Run) -> dict[str, Any]:
-    """restore -> for step: one `train_step` over accum micro-batches -> every N: log / eval / save."""
+def train(run: Run, profile_steps: int = 0) -> dict[str, Any]:
+    """restore -> for step: one `train_step` over accum micro-batches -> every N: log / eval / save.
+    `profile_steps`: record that many steps (after one warm-up step) with torch.profiler into
+    output_dir/profile/ (trace.json for Perfetto/TensorBoard, top_ops.txt) and print the top kernels."""
     t, o, state = run.cfg.train, run.cfg.optim, run.state
+    prof = _profiler(run, profile_steps)
     batches = run.loader.iterate(start_batch=state.batches)
     window = _Window(run.device)
     nonfinite_run = 0
@@ -317,6 +352,10 @@ def train(run: Run) -> dict[str, Any]:
         set_lr(run.step.optimizer, lr)
         result = train_step(run.step, window.timed(batches, run.loader.accum), run.loader.accum, window.add)
         state.batches += 1
+        if prof is not None and not prof.done:
+            prof.step()
+            if prof.done:
+                _log0(run.info, f"profile of {profile_steps} steps: {prof.trace_path}\n{prof.table}")
         if run.fp8_guard is not None and run.fp8_guard.observe(result.finite):
             _leave_fp8(run)
         if run.first_step_s is None:  # train_step synced the host: the device has finished the step
@@ -349,7 +388,15 @@ def train(run: Run) -> dict[str, Any]:
         save(run)
     if run.cfg.data.eval_dir and last_eval != state.step:
         eval_metrics = evaluate_run(run)
+    if prof is not None:
+        prof.__exit__(None, None, None)
     return _finish(run, window, eval_metrics)
+
+
+def _profiler(run: Run, steps: int) -> StepProfiler | None:
+    if steps <= 0 or not run.info.is_main:
+        return None
+    return StepProfiler(Path(run.cfg.train.output_dir) / "profile", steps=steps, device=run.device).__enter__()
 
 
 def _log_window(run: Run, window: _Window, lr: float) -> None:
@@ -357,6 +404,8 @@ def _log_window(run: Run, window: _Window, lr: float) -> None:
     metrics["mfu"] = _mfu(run.bert_cfg, metrics, run.device, run.precision, run.info)
     if run.device.type != "cpu":
         metrics["peak_mem_gb"] = dev.max_memory_allocated(run.device) / 2**30
+    if run.power is not None:  # watts, joules, joules_per_seq, SM clock, temperature (NVIDIA GPUs)
+        metrics.update(run.power.window(sequences=metrics["seq_per_s"] * metrics["window_s"]))
     run.logger.log(run.state.phase_offset + run.state.step, {**metrics, "step_in_phase": run.state.step})
 
 
@@ -384,30 +433,18 @@ def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[s
         "model_dir": str(final.model_dir) if final else None,
     }
     run.logger.finish(summary, plot=run.cfg.train.plot)
+    if run.power is not None:
+        run.power.close()
     return summary
 
 
 def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = None,
-                 _save_hook: Callable[[Path], None] | None = None) -> dict[str, Any]:
+                 _save_hook: Callable[[Path], None] | None = None, profile_steps: int = 0) -> dict[str, Any]:
     """One pre-training phase; returns the summary (also written to train.output_dir/summary.json)."""
-    return train(setup(cfg, resume, json_summary, _save_hook))
+    return train(setup(cfg, resume, json_summary, _save_hook), profile_steps)
 
 
 # ------------------------------------------------------------------------------------------- helpers
-def rows_per_update(directory: str, global_batch: int, micro_batch: int, world_size: int) -> int:
-    """Rows per update: the global batch in sequences, or for packed shards global / avg_seq_per_sample packs
-    rounded to a multiple of micro x world (DESIGN §3.3: an update still sees about the same sequences)."""
-    from bertforge.data.loader import inspect_shards, shard_files
-
-    kind = inspect_shards(shard_files(directory)[:1])[0].kind
-    avg = float(read_manifest(directory).get("avg_seq_per_sample", 1.0)) if kind == "packed" else 1.0
-    if avg <= 1.0:
-        return global_batch
-    unit = micro_batch * world_size
-    return max(unit, round(global_batch / avg / unit) * unit)
-
-
-
 class _Window:
     """Metric sums between two log lines, kept on the device (no host sync per step)."""
 
@@ -455,7 +492,7 @@ class _Window:
         metrics = {
             "loss": s[0] / max(s[1], 1), "mlm_acc": s[2] / max(s[3], 1), "nsp_acc": s[4] / max(s[5], 1),
             "lr": lr, "grad_norm": s[9] / info.world_size / max(self.updates, 1),
-            "seq_per_s": s[6] / elapsed, "tokens_per_s": s[7] / elapsed, "rows_per_s": s[8] / elapsed,
+            "window_s": elapsed, "seq_per_s": s[6] / elapsed, "tokens_per_s": s[7] / elapsed, "rows_per_s": s[8] / elapsed,
             "masked_per_seq": s[3] / max(s[6], 1),
             "data_wait": s[10] / info.world_size / elapsed, "skipped": state.skipped,
             "sequences": state.sequences,
