@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,15 +39,16 @@ def _data_overrides(seq_len: int, max_pred: int, pack: int, histogram: str, data
 def loop(preset: str = "base", seq_len: int = 128, max_pred: int = 20, pack: int = 0, histogram: str = "wiki",
          micro_batch: int = 64, accum: int = 1, steps: int = 80, warmup_steps: int = 20, log_every: int = 1,
          precision: str = "bf16", device: str = "auto", data_dir: str | None = None, timeout_s: float = 1200,
-         extra: list[str] | None = None) -> dict[str, float]:
-    """Run `bertforge pretrain --config pretrain_<preset>_<128|512>` for `steps` updates and summarise."""
+         extra: list[str] | None = None, seed: int = 12345, curve: str | None = None) -> dict[str, float]:
+    """Run `bertforge pretrain --config pretrain_<preset>_<128|512>` for `steps` updates and summarise;
+    `curve`: also copy the run's metrics.jsonl there (loss curves of fast paths against eager)."""
     config = f"pretrain_{preset}_{128 if seq_len <= 128 else 512}"
     with tempfile.TemporaryDirectory(prefix="bertforge-loop-") as out:
         sets = [f"train.output_dir={out}", f"train.max_steps={steps}", f"train.log_every={log_every}",
                 f"train.micro_batch_size={micro_batch}", f"train.global_batch_size={micro_batch * accum}",
                 f"train.precision={precision}", f"train.device={device}", "train.save_every=0",
                 "train.tensorboard=false", "train.plot=false", "train.init_checkpoint=null", "data.eval_dir=null",
-                "model.init_from=null", *_data_overrides(seq_len, max_pred, pack, histogram, data_dir),
+                f"train.seed={seed}", "model.init_from=null", *_data_overrides(seq_len, max_pred, pack, histogram, data_dir),
                 *(extra or [])]
         cmd = [sys.executable, "-m", "bertforge", "pretrain", "--config", config, *(x for s in sets for x in ("--set", s))]
         t0 = time.perf_counter()
@@ -56,6 +58,9 @@ def loop(preset: str = "base", seq_len: int = 128, max_pred: int = 20, pack: int
             raise RuntimeError(f"bertforge pretrain failed ({proc.returncode}): {proc.stderr[-3000:]}")
         rows = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "seq_per_s" in r]
         summary = json.loads((Path(out) / "summary.json").read_text())
+        if curve:
+            Path(curve).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(out) / "metrics.jsonl", curve)
     return {**summarise(rows, warmup_steps), "first_step_s": float(summary.get("first_step_s") or 0.0),
             "wall_s_child": wall}
 
@@ -105,6 +110,9 @@ def hf_loop(preset: str = "base", seq_len: int = 128, max_pred: int = 20, histog
     seq_per_s = micro_batch / step_s
     mean_len = sum(tokens) / len(tokens) / micro_batch
     flops = flops_per_sequence(config, mean_len, sum(masked) / len(masked) / micro_batch)
+    peak = dev.max_memory_allocated(where) / 2**30
+    del model, opt  # hand the device memory back: the next entry's child process needs it
+    dev.empty_cache(where)
     return {"seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * mean_len,
-            "mfu": flops * seq_per_s / dev.peak_flops(where, precision),
-            "peak_mem_gb": dev.max_memory_allocated(where) / 2**30, "step_ms": 1000 * step_s}
+            "mfu": flops * seq_per_s / dev.peak_flops(where, precision), "peak_mem_gb": peak,
+            "step_ms": 1000 * step_s}
