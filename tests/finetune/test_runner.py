@@ -328,3 +328,86 @@ def test_pad_to_max_length_gives_the_reference_squad_loss(tiny_model, tmp_path, 
                                                           f"train.pad_to_max_length={str(pad).lower()}"])
         run_finetune(FinetuneRun("squad", str(tiny_model), str(sq), [str(sq)]), cfg, log=lambda s: None)
         assert seen and set(seen) == ({24} if pad else {0})
+
+
+def _cfg(tmp_path, *extra):
+    return load_config("finetune", None, [f"train.output_dir={tmp_path}", "train.global_batch_size=8",
+                                          "train.micro_batch_size=4", "train.epochs=1", "train.precision=fp32",
+                                          "train.log_every=1", *extra])
+
+
+def test_runner_calls_the_one_training_step(tiny_model, tmp_path, monkeypatch):
+    """Fine-tuning's update is `train.step.train_step` (the pre-training loop's): the same function object, really
+    called once per update, with this rank's micro-batches weighted by their share of the global batch."""
+    from bertforge.finetune import runner
+    from bertforge.train import step as product
+
+    assert runner.train_step is product.train_step
+    calls = []
+
+    def spy(step, batches, accum, **k):
+        calls.append((accum, k["weights"]))
+        return product.train_step(step, batches, accum, **k)
+
+    monkeypatch.setattr(runner, "train_step", spy)
+    train, dev = _mrpc(tmp_path, 20), _mrpc(tmp_path, 8)
+    run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), _cfg(tmp_path), log=lambda s: None)
+    # 20 rows in global batches of 8: 8, 8, 4 -> micro-batches of 4
+    assert calls == [(2, [0.5, 0.5]), (2, [0.5, 0.5]), (1, [1.0])]
+
+
+def test_lamb_and_poly_schedule_for_finetuning(tiny_model, tmp_path, monkeypatch):
+    """optim.name and optim.schedule are honoured (the runner used to hard-code AdamW and linear)."""
+    from bertforge.finetune import runner
+    from bertforge.optim.lamb import Lamb
+    from bertforge.optim.schedule import lr_at
+
+    built = []
+    real = runner.build_optimizer
+    monkeypatch.setattr(runner, "build_optimizer", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
+    cfg = _cfg(tmp_path, "optim.name=lamb", "optim.schedule=poly", "optim.lr=1e-2", "optim.warmup=0.25")
+    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
+    assert isinstance(built[0], Lamb) and s["skipped_steps"] == 0
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lrs = [x["lr"] for x in lines if "loss" in x]
+    assert lrs == pytest.approx([lr_at(i, 1e-2, 4, 0.25, "poly") for i in range(1, 5)])
+    assert all(np.isfinite(x["loss"]) for x in lines if "loss" in x)
+    from safetensors.torch import load_file
+
+    before = load_file(str(tiny_model / "model.safetensors"))
+    after = load_file(str(tmp_path / "best" / "model.safetensors"))
+    key = next(k for k in after if k.endswith("word_embeddings.weight"))
+    assert not torch.equal(before[next(k for k in before if k.endswith("word_embeddings.weight"))], after[key])
+
+
+def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tiny_model, tmp_path, monkeypatch):
+    from bertforge.finetune import runner
+    from bertforge.train import step as product
+
+    poisoned = {1, 2}  # NaN loss weights -> NaN gradients on these updates
+
+    def nan_on_some(step, batches, accum, weights):
+        nonlocal n
+        n += 1
+        return product.train_step(step, batches, accum, weights=[float("nan")] * accum if n in poisoned else weights)
+
+    monkeypatch.setattr(runner, "train_step", nan_on_some)
+    train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
+    n = 0
+    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), _cfg(tmp_path / "a"),
+                     log=lambda s: None)
+    assert s["skipped_steps"] == 2 and np.isfinite(s["best"]["accuracy"])
+    n, poisoned = 0, {2, 3, 4}
+    with pytest.raises(UserError, match=r"3 non-finite gradient steps in a row at update 4.*no model was saved"):
+        run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
+                     _cfg(tmp_path / "b", "train.max_nonfinite_steps=3"), log=lambda s: None)
+
+
+def test_eval_every_evaluates_within_epochs(tiny_model, tmp_path):
+    train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
+    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
+                     _cfg(tmp_path, "train.eval_every=3", "train.epochs=2"), log=lambda s: None)
+    # 4 updates per epoch: step 3 (0.75), the epoch ends (1, 2) and step 6 (1.5)
+    assert [(h["step"], h["epoch"]) for h in s["history"]] == [(3, 0.75), (4, 1), (6, 1.5), (8, 2)]
+    assert s["best"] in s["history"] and (tmp_path / "best" / "model.safetensors").is_file()
