@@ -12,9 +12,9 @@ import torch
 from bertforge.cli import main
 from bertforge.config import load_config
 from bertforge.errors import UserError
-from bertforge.finetune.runner import FinetuneRun, collate, encode_glue, load_tokenizer, run_finetune
 from bertforge.finetune import glue
 from bertforge.finetune.config import FinetuneModelConfig
+from bertforge.finetune.runner import FinetuneRun, collate, encode_glue, load_tokenizer, run_finetune
 
 WORDS = ("the a is of and to in it was he she cat dog sat on mat ran fast slow big small red blue green "
          "paris london france england capital city what where who which river long name").split()

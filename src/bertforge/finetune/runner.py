@@ -22,8 +22,9 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -120,7 +121,7 @@ def encode_squad(features: squad.SquadFeatures) -> Encoded:
                    {"start_positions": features.start_positions, "end_positions": features.end_positions})
 
 
-def collate(data: Encoded, rows: Sequence[int], pad_id: int, device: torch.device, targets: bool = True,
+def collate(data: Encoded, rows: Sequence[int] | np.ndarray, pad_id: int, device: torch.device, targets: bool = True,
             pad_to: int = 0) -> dict[str, torch.Tensor]:
     """A batch padded to its own longest row, or to `pad_to` if longer: input_ids/token_type_ids/attention_mask
     (B, T_batch)."""
@@ -252,7 +253,7 @@ def _glue_task(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
 
 # ------------------------------------------------------------------------------------------- model I/O
 def load_model(model_dir: str, head: str, num_labels: int, attention: str = "auto",
-               config_overrides: dict[str, Any] | None = None, activation_checkpointing: bool = False):
+               config_overrides: dict[str, Any] | None = None):
     """The --model checkpoint with a `head` (`config_overrides`: BertConfig fields in Hugging Face names, the
     dropout rates of `FinetuneModelConfig.overrides()`)."""
     from bertforge.model import hf_interop
@@ -262,7 +263,6 @@ def load_model(model_dir: str, head: str, num_labels: int, attention: str = "aut
         raise UserError(f"--model {model_dir}: not a Hugging Face-format model directory (no config.json)")
     # a pre-trained encoder has no head for this task yet: the head starts from its fresh init
     return hf_interop.load_pretrained(path, head, num_labels=num_labels, attention=attention, allow_missing_head=True,
-                                      activation_checkpointing=activation_checkpointing,
                                       config_overrides=config_overrides)
 
 
@@ -334,8 +334,7 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     tokenizer = load_tokenizer(run.model)
     task = (_squad_task(run, cfg.task, tokenizer, out_dir) if run.task in SQUAD_TASKS
             else _glue_task(run, cfg.task, tokenizer))
-    model, mconfig = load_model(run.model, task.head, task.num_labels, t.attention, cfg.model.overrides(),
-                                t.activation_checkpointing)
+    model, mconfig = load_model(run.model, task.head, task.num_labels, t.attention, cfg.model.overrides())
     model.to(device)
     logger = MetricsLogger(out_dir, is_main=info.is_main, tensorboard=t.tensorboard, stream=_Printer(say))
     say(f"finetune {run.task} | {run.model} | {device} {precision} x{info.world_size} | "
@@ -394,8 +393,8 @@ def evaluate_and_keep(s: Session, epoch: float, step: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-def micro_batches(s: Session, rows: np.ndarray, pad_to: int) -> tuple[Iterator[dict[str, torch.Tensor]], int,
-                                                                        list[float]]:
+def micro_batches(s: Session, data: Encoded, rows: np.ndarray, pad_to: int
+                  ) -> tuple[Iterator[dict[str, torch.Tensor]], int, list[float]]:
     """This rank's share of a global batch as micro-batches (collated lazily), their count and loss weights.
 
     A micro-batch's mean loss is weighted by its share of the global batch, times the world size because DDP
@@ -404,7 +403,7 @@ def micro_batches(s: Session, rows: np.ndarray, pad_to: int) -> tuple[Iterator[d
     mine = rows[s.info.rank::s.info.world_size]
     parts = [mine[i:i + t.micro_batch_size] for i in range(0, len(mine), t.micro_batch_size)]
     weights = [len(m) / len(rows) * s.info.world_size for m in parts]
-    batches = (collate(s.task.train, m, s.pad_id, s.device, pad_to=pad_to) for m in parts)
+    batches = (collate(data, m, s.pad_id, s.device, pad_to=pad_to) for m in parts)
     return batches, len(parts), weights
 
 
@@ -412,6 +411,7 @@ def train(s: Session) -> None:
     """for epoch -> for global batch: lr, one `train_step` over this rank's micro-batches -> every N: log /
     evaluate; evaluate and keep the best model at each epoch's end."""
     t, o, data = s.cfg.train, s.cfg.optim, s.task.train
+    assert data is not None, "run_finetune trains only a task with training rows"
     steps_per_epoch = math.ceil(len(data) / t.global_batch_size)
     total = max(1, math.ceil(steps_per_epoch * t.epochs))
     total = min(total, t.max_steps) if t.max_steps else total
@@ -432,7 +432,7 @@ def train(s: Session) -> None:
             step += 1  # a skipped (non-finite) update still uses its batch and its place in the schedule
             lr = lr_at(step, o.lr, total, o.warmup, o.schedule)
             set_lr(step_fn.optimizer, lr)
-            batches, accum, weights = micro_batches(s, rows, pad_to)
+            batches, accum, weights = micro_batches(s, data, rows, pad_to)
             result = train_step(step_fn, batches, accum, weights=weights)
             nonfinite = 0 if result.finite else nonfinite + 1
             s.skipped += not result.finite
