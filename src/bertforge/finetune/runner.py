@@ -2,14 +2,17 @@
 
     result = run_finetune(FinetuneRun(task="mrpc", model="path/to/hf_dir", train_file=..., dev_files=[...]), cfg)
 
-The loop reads top to bottom: load tokenizer + model -> build features -> for epoch: shuffled micro-batches
-(each padded to its own longest sequence: no compute on padding beyond the batch's longest row) -> clip -> AdamW
-step with linear warm-up/decay -> evaluate -> keep the best checkpoint (Hugging Face format, with the
-tokenizer files beside it, so `transformers` Auto classes load it). Evaluation sorts sequences by length so
-each batch pads to nearly nothing, and runs under `torch.inference_mode`.
+`run_finetune` is four named steps, as the pre-training loop: `setup` (tokenizer, features, model) -> `train`
+(for epoch: shuffled global batches, each padded to its own longest row -> `train.step.train_step`, the one
+training step of bertforge: forward, weighted loss, backward, clip, optimizer and fp16 scaler, non-finite skip)
+-> `evaluate` -> `keep_best` (Hugging Face format with the tokenizer files beside it, so `transformers` Auto
+classes load it). Evaluation sorts sequences by length so each batch pads to nearly nothing, and runs under
+`torch.inference_mode`.
 
-Pieces shared with pre-training: parameter groups / AdamW (`bertforge.optim`), the linear schedule
-(`bertforge.optim.schedule`), device, precision, autocast and the fp16 scaler (`bertforge.device`).
+Pieces shared with pre-training: the config sections (`model`, `train`, `optim`), parameter groups and the
+optimizer named by optim.name (`bertforge.optim`), the schedule named by optim.schedule
+(`bertforge.optim.schedule`), the training step (`bertforge.train.step`), distributed set-up and the metrics
+logger (`bertforge.runtime`), device, precision and autocast (`bertforge.device`).
 """
 
 from __future__ import annotations
@@ -19,18 +22,24 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from bertforge import device as dev
 from bertforge.errors import UserError
-from bertforge.runtime.io import write_text
 from bertforge.finetune import glue, squad
-from bertforge.finetune.config import FinetuneConfig
+from bertforge.finetune.config import FinetuneConfig, TaskConfig
 from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
+from bertforge.optim.lamb import build_optimizer
+from bertforge.optim.schedule import lr_at
+from bertforge.runtime import distributed as D
+from bertforge.runtime.io import write_text
+from bertforge.runtime.metrics import MetricsLogger
+from bertforge.train.step import TrainStep, set_lr, train_step
 
 SQUAD_TASKS = ("squad", "squad_v2")
 ALL_TASKS = SQUAD_TASKS + tuple(glue.GLUE_TASKS)
@@ -112,7 +121,7 @@ def encode_squad(features: squad.SquadFeatures) -> Encoded:
                    {"start_positions": features.start_positions, "end_positions": features.end_positions})
 
 
-def collate(data: Encoded, rows: Sequence[int], pad_id: int, device: torch.device, targets: bool = True,
+def collate(data: Encoded, rows: Sequence[int] | np.ndarray, pad_id: int, device: torch.device, targets: bool = True,
             pad_to: int = 0) -> dict[str, torch.Tensor]:
     """A batch padded to its own longest row, or to `pad_to` if longer: input_ids/token_type_ids/attention_mask
     (B, T_batch)."""
@@ -186,7 +195,7 @@ class TaskData:
     label_names: tuple[str, ...] | None = None
 
 
-def _squad_task(run: FinetuneRun, cfg: FinetuneConfig, tokenizer, out_dir: Path) -> TaskData:
+def _squad_task(run: FinetuneRun, cfg: TaskConfig, tokenizer, out_dir: Path) -> TaskData:
     v2 = run.task == "squad_v2"
     if run.dataset:
         raise UserError("--dataset is for GLUE tasks; pass SQuAD JSON files with --train-file/--dev-file")
@@ -218,7 +227,7 @@ def _squad_task(run: FinetuneRun, cfg: FinetuneConfig, tokenizer, out_dir: Path)
     return TaskData("qa", 2, train, evals, ("start_logits", "end_logits"), "f1")
 
 
-def _glue_task(run: FinetuneRun, cfg: FinetuneConfig, tokenizer) -> TaskData:
+def _glue_task(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
     spec = glue.get_task(run.task)
     train_ex: glue.GlueExamples | None = None
     dev_ex: list[tuple[str, glue.GlueExamples]] = []
@@ -243,7 +252,10 @@ def _glue_task(run: FinetuneRun, cfg: FinetuneConfig, tokenizer) -> TaskData:
 
 
 # ------------------------------------------------------------------------------------------- model I/O
-def load_model(model_dir: str, head: str, num_labels: int, attention: str = "auto", dropout: float | None = None):
+def load_model(model_dir: str, head: str, num_labels: int, attention: str = "auto",
+               config_overrides: dict[str, Any] | None = None):
+    """The --model checkpoint with a `head` (`config_overrides`: BertConfig fields in Hugging Face names, the
+    dropout rates of `FinetuneModelConfig.overrides()`)."""
     from bertforge.model import hf_interop
 
     path = Path(model_dir)
@@ -251,8 +263,7 @@ def load_model(model_dir: str, head: str, num_labels: int, attention: str = "aut
         raise UserError(f"--model {model_dir}: not a Hugging Face-format model directory (no config.json)")
     # a pre-trained encoder has no head for this task yet: the head starts from its fresh init
     return hf_interop.load_pretrained(path, head, num_labels=num_labels, attention=attention, allow_missing_head=True,
-        config_overrides=None if dropout is None else {"hidden_dropout_prob": dropout,
-                                                       "attention_probs_dropout_prob": dropout})
+                                      config_overrides=config_overrides)
 
 
 def save_model(model, config, src_dir: str, out: Path, head: str, label_names: Sequence[str] | None) -> None:
@@ -271,139 +282,220 @@ def save_model(model, config, src_dir: str, out: Path, head: str, label_names: S
             shutil.copyfile(Path(src_dir) / name, out / name)
 
 
-# ------------------------------------------------------------------------------------------- the loop
-def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fine-tune (or only evaluate) and return the summary; writes output_dir/{best/, metrics.jsonl, summary.json}.
+# ---------------------------------------------------------------------------------------------- set-up
+@dataclasses.dataclass
+class Session:
+    """Everything one fine-tuning run holds, built by `setup` (the split of the pre-training loop: set-up,
+    `train`, `evaluate`, `keep_best`, `finish`)."""
 
-    Under torchrun (or mpirun/srun) every rank takes its share of each optimizer batch and DDP averages the
-    gradients (one all-reduce per update); rank 0 evaluates and writes.
-    """
-    from bertforge.optim.lamb import build_optimizer
-    from bertforge.optim.schedule import lr_at
-    from bertforge.runtime import distributed as D
-    from bertforge.runtime.metrics import MetricsLogger
+    run: FinetuneRun
+    cfg: FinetuneConfig
+    info: D.DistInfo
+    device: torch.device
+    precision: str
+    out_dir: Path
+    say: Callable[[str], None]
+    task: TaskData
+    model: torch.nn.Module
+    """The bare model (what evaluation runs and `best/` saves)."""
+    mconfig: Any
+    logger: MetricsLogger
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    best: dict[str, Any] | None = None
+    train_s: float = 0.0
+    skipped: int = 0
+    """Updates skipped for non-finite gradients."""
 
+    @property
+    def pad_id(self) -> int:
+        return self.mconfig.pad_token_id
+
+
+def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> Session:
+    """Check the inputs, join the process group, load the tokenizer, the task's data and the model."""
+    t = cfg.train
     if run.task not in ALL_TASKS:
         raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")
     if not run.dev_files and not run.dataset:
         raise UserError(f"--task {run.task}: give --dev-file (evaluation data) or --dataset")
     if not (Path(run.model) / "config.json").is_file():
         raise UserError(f"--model {run.model}: not a Hugging Face-format model directory (no config.json)")
-    info, device = D.init_distributed(cfg.device)
-    if cfg.batch_size % (cfg.micro_batch_size * info.world_size):
-        raise UserError(f"batch_size {cfg.batch_size} must be a multiple of micro_batch_size {cfg.micro_batch_size} "
-                        f"x {info.world_size} processes")
-    out_dir = Path(cfg.output_dir)
+    info, device = D.init_distributed(t.device)
+    if t.global_batch_size % (t.micro_batch_size * info.world_size):
+        raise UserError(f"train.global_batch_size {t.global_batch_size} must be a multiple of "
+                        f"train.micro_batch_size {t.micro_batch_size} x {info.world_size} processes")
+    out_dir = Path(t.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    precision = dev.resolve_precision(cfg.precision, device)
+    torch.manual_seed(t.seed)
+    precision = dev.resolve_precision(t.precision, device)
     say = log if info.is_main else (lambda s: None)
 
     t_setup = time.perf_counter()
     tokenizer = load_tokenizer(run.model)
-    task = _squad_task(run, cfg, tokenizer, out_dir) if run.task in SQUAD_TASKS else _glue_task(run, cfg, tokenizer)
-    model, mconfig = load_model(run.model, task.head, task.num_labels, cfg.attention, cfg.dropout)
+    task = (_squad_task(run, cfg.task, tokenizer, out_dir) if run.task in SQUAD_TASKS
+            else _glue_task(run, cfg.task, tokenizer))
+    model, mconfig = load_model(run.model, task.head, task.num_labels, t.attention, cfg.model.overrides())
     model.to(device)
-    pad_id = mconfig.pad_token_id
+    logger = MetricsLogger(out_dir, is_main=info.is_main, tensorboard=t.tensorboard, stream=_Printer(say))
     say(f"finetune {run.task} | {run.model} | {device} {precision} x{info.world_size} | "
         f"train {len(task.train) if task.train else 0} rows | eval {sum(len(e[1]) for e in task.evals)} rows | "
-        f"setup {time.perf_counter() - t_setup:.1f}s")
+        f"{cfg.optim.name} lr {cfg.optim.lr:g} | setup {time.perf_counter() - t_setup:.1f}s")
+    return Session(run, cfg, info, device, precision, out_dir, say, task, model, mconfig, logger)
 
-    def evaluate(epoch: float) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        metrics: dict[str, Any] = {}
-        for name, data, score in task.evals:
-            out = predict(model, data, cfg.eval_batch_size, pad_id, device, precision, task.outputs)
-            for k, v in score(out).items():
-                metrics[k if len(task.evals) == 1 else f"{name}/{k}"] = v
-        metrics["eval_s"] = time.perf_counter() - t0
-        dev.release_host_memory()
-        metrics["main"] = next(v for k, v in metrics.items() if k.split("/")[-1] == task.main_metric)
-        say(f"epoch {epoch:g} | " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
-                                               if isinstance(v, float) and k != "main"))
-        return metrics
 
-    history: list[dict[str, Any]] = []
-    best: dict[str, Any] | None = None
-    train_s = 0.0
-    if run.eval_only or task.train is None:
-        if info.is_main:
-            best = {"epoch": 0, **evaluate(0)}
-            history.append(best)
-    else:
-        steps_per_epoch = math.ceil(len(task.train) / cfg.batch_size)
-        total_steps = max(1, math.ceil(steps_per_epoch * cfg.epochs))
-        if cfg.max_steps:
-            total_steps = min(total_steps, cfg.max_steps)
-        logger = MetricsLogger(out_dir, is_main=info.is_main, total_steps=total_steps, tensorboard=False,
-                               stream=_Printer(say))
-        opt = build_optimizer(model, "adamw", cfg.lr, cfg.weight_decay, (0.9, 0.999), cfg.adam_eps, device.type)
-        scaler = dev.grad_scaler(device, precision)
-        ddp = D.wrap_ddp(model, device, info)
-        rng = np.random.default_rng(cfg.seed)  # same order on every rank: each takes its slice of each batch
-        pad_to = cfg.max_seq_len if cfg.pad_to_max_length else 0
-        step, epoch = 0, 0
-        while step < total_steps:
-            epoch += 1
-            model.train()
-            t0, seqs = time.perf_counter(), 0
-            lengths = np.array([len(x) for x in task.train.input_ids])
-            for rows in train_batches(lengths, cfg.batch_size, rng, cfg.group_by_length):
-                if step >= total_steps:
-                    break
-                step += 1
-                lr = lr_at(step, cfg.lr, total_steps, cfg.warmup, kind="linear")
-                for g in opt.param_groups:
-                    g["lr"] = lr
-                mine = rows[info.rank::info.world_size]
-                micro = [mine[i:i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
-                loss_sum = torch.zeros((), device=device)
-                for mi, mrows in enumerate(micro):
-                    batch = collate(task.train, mrows, pad_id, device, pad_to=pad_to)
-                    with D.maybe_no_sync(ddp, accumulating=mi < len(micro) - 1):
-                        with dev.autocast(device, precision):
-                            loss = ddp(**batch).loss
-                        # each micro-batch's mean weighted by its share of the global batch (DDP averages over
-                        # ranks, hence x world): a short last batch is still a plain mean over its rows
-                        w = len(mrows) / len(rows) * info.world_size
-                        scaler.scale(loss * w).backward()
-                    loss_sum += loss.detach() * len(mrows) / len(rows)
-                scaler.unscale_(opt)
-                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
-                if step % 10 == 0:  # batches of every length fragment the host heap (see release_host_memory)
-                    dev.release_host_memory()
-                seqs += len(rows)
-                if step % cfg.log_every == 0 or step == total_steps:
-                    loss_all = float(D.all_reduce_sum(loss_sum))
-                    logger.log(step, {"epoch": epoch, "loss": loss_all, "lr": lr, "grad_norm": float(gnorm),
-                                      "seq_per_s": seqs / (time.perf_counter() - t0)})
-            train_s += time.perf_counter() - t0
-            if info.is_main:
-                ep_done = min(float(epoch), step / steps_per_epoch)
-                m = {"epoch": round(ep_done, 3), "step": step, **evaluate(ep_done)}
-                history.append(m)
-                logger.log(step, {"eval_" + k.replace("/", "_"): v for k, v in m.items()
-                                  if isinstance(v, (int, float)) and k not in ("step",)})
-                if best is None or m["main"] > best["main"]:
-                    best = m
-                    save_model(model, mconfig, run.model, out_dir / "best", task.head, task.label_names)
-                    if run.task in SQUAD_TASKS:  # keep the best epoch's predictions beside the model
-                        for p in out_dir.glob("*predictions*.json"):
-                            shutil.copyfile(p, out_dir / "best" / p.name)
-            D.barrier()
-        logger.close()
-    if info.distributed:  # every rank returns rank 0's result
+def build_step(s: Session) -> TrainStep:
+    """The optimizer named by optim.name and the one training step (DDP wrapper when distributed)."""
+    o = s.cfg.optim
+    optimizer = build_optimizer(s.model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, s.device.type)
+    wrapper = D.wrap_ddp(s.model, s.device, s.info) if s.info.distributed else None
+    return TrainStep.build(s.model, optimizer, s.device, s.precision, o.max_grad_norm, s.cfg.train.compile,
+                           ddp=wrapper)
+
+
+# ------------------------------------------------------------------------------------- evaluate, save
+def evaluate(s: Session, epoch: float) -> dict[str, Any]:
+    """Every evaluation set's metrics (rank 0), `main` = the task's main metric of the first set."""
+    t0 = time.perf_counter()
+    metrics: dict[str, Any] = {}
+    for name, data, score in s.task.evals:
+        out = predict(s.model, data, s.cfg.train.eval_batch_size, s.pad_id, s.device, s.precision, s.task.outputs)
+        for k, v in score(out).items():
+            metrics[k if len(s.task.evals) == 1 else f"{name}/{k}"] = v
+    metrics["eval_s"] = time.perf_counter() - t0
+    dev.release_host_memory()
+    metrics["main"] = next(v for k, v in metrics.items() if k.split("/")[-1] == s.task.main_metric)
+    s.say(f"epoch {epoch:g} | " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
+                                             if isinstance(v, float) and k != "main"))
+    return metrics
+
+
+def keep_best(s: Session, metrics: dict[str, Any]) -> None:
+    """Record an evaluation; if it is the best so far, save the model (and SQuAD's predictions) to best/."""
+    s.history.append(metrics)
+    if s.best is not None and metrics["main"] <= s.best["main"]:
+        return
+    s.best = metrics
+    best_dir = s.out_dir / "best"
+    save_model(s.model, s.mconfig, s.run.model, best_dir, s.task.head, s.task.label_names)
+    if s.run.task in SQUAD_TASKS:  # keep the best evaluation's predictions beside the model
+        for p in s.out_dir.glob("*predictions*.json"):
+            shutil.copyfile(p, best_dir / p.name)
+
+
+def evaluate_and_keep(s: Session, epoch: float, step: int) -> None:
+    """Rank 0 evaluates, logs and keeps the best model; the other ranks wait."""
+    if s.info.is_main:
+        m = {"epoch": round(epoch, 3), "step": step, **evaluate(s, epoch)}
+        s.logger.log(step, {"eval_" + k.replace("/", "_"): v for k, v in m.items()
+                            if isinstance(v, (int, float)) and k != "step"})
+        keep_best(s, m)
+    D.barrier()
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+def micro_batches(s: Session, data: Encoded, rows: np.ndarray, pad_to: int
+                  ) -> tuple[Iterator[dict[str, torch.Tensor]], int, list[float]]:
+    """This rank's share of a global batch as micro-batches (collated lazily), their count and loss weights.
+
+    A micro-batch's mean loss is weighted by its share of the global batch, times the world size because DDP
+    averages over ranks: a short last batch of an epoch is still a plain mean over its rows."""
+    t = s.cfg.train
+    mine = rows[s.info.rank::s.info.world_size]
+    parts = [mine[i:i + t.micro_batch_size] for i in range(0, len(mine), t.micro_batch_size)]
+    weights = [len(m) / len(rows) * s.info.world_size for m in parts]
+    batches = (collate(data, m, s.pad_id, s.device, pad_to=pad_to) for m in parts)
+    return batches, len(parts), weights
+
+
+def train(s: Session) -> None:
+    """for epoch -> for global batch: lr, one `train_step` over this rank's micro-batches -> every N: log /
+    evaluate; evaluate and keep the best model at each epoch's end."""
+    t, o, data = s.cfg.train, s.cfg.optim, s.task.train
+    assert data is not None, "run_finetune trains only a task with training rows"
+    steps_per_epoch = math.ceil(len(data) / t.global_batch_size)
+    total = max(1, math.ceil(steps_per_epoch * t.epochs))
+    total = min(total, t.max_steps) if t.max_steps else total
+    s.logger.total_steps = total
+    step_fn = build_step(s)
+    rng = np.random.default_rng(t.seed)  # same order on every rank: each takes its slice of each batch
+    lengths = np.array([len(x) for x in data.input_ids])
+    pad_to = s.cfg.task.max_seq_len if t.pad_to_max_length else 0
+    step = epoch = nonfinite = 0
+    last_eval = -1
+    while step < total:
+        epoch += 1
+        step_fn.model.train()
+        t0, seqs = time.perf_counter(), 0
+        for rows in train_batches(lengths, t.global_batch_size, rng, t.group_by_length):
+            if step >= total:
+                break
+            step += 1  # a skipped (non-finite) update still uses its batch and its place in the schedule
+            lr = lr_at(step, o.lr, total, o.warmup, o.schedule)
+            set_lr(step_fn.optimizer, lr)
+            batches, accum, weights = micro_batches(s, data, rows, pad_to)
+            result = train_step(step_fn, batches, accum, weights=weights)
+            nonfinite = 0 if result.finite else nonfinite + 1
+            s.skipped += not result.finite
+            if nonfinite >= t.max_nonfinite_steps:
+                _stop_nonfinite(s, step_fn, step, nonfinite)
+            if step % 10 == 0:  # batches of every length fragment the host heap (see release_host_memory)
+                dev.release_host_memory()
+            seqs += len(rows)
+            if step % t.log_every == 0 or step == total:
+                loss = float(D.all_reduce_sum(result.loss.clone())) / s.info.world_size
+                s.logger.log(step, {"epoch": epoch, "loss": loss, "lr": lr, "grad_norm": float(result.grad_norm),
+                                    "seq_per_s": seqs / (time.perf_counter() - t0), "skipped": s.skipped})
+            if t.eval_every and step % t.eval_every == 0:
+                t_pause = time.perf_counter()  # evaluation stays out of the training time and throughput
+                evaluate_and_keep(s, step / steps_per_epoch, step)
+                last_eval, t0 = step, t0 + time.perf_counter() - t_pause
+                step_fn.model.train()
+        s.train_s += time.perf_counter() - t0
+        if last_eval != step:
+            evaluate_and_keep(s, min(float(epoch), step / steps_per_epoch), step)
+            last_eval = step
+
+
+def _stop_nonfinite(s: Session, step_fn: TrainStep, step: int, count: int) -> None:
+    scaler = step_fn.scaler
+    best = f"the best model so far is in {s.out_dir / 'best'}" if s.best else "no model was saved"
+    raise UserError(
+        f"{count} non-finite gradient steps in a row at update {step} ({s.precision}"
+        f"{f', loss scale {scaler.get_scale():g}' if scaler.is_enabled() else ''}); {best}. Lower optim.lr, use "
+        "train.precision=bf16 or fp32, or raise train.max_nonfinite_steps, or check the data")
+
+
+def finish(s: Session) -> dict[str, Any]:
+    """Every rank gets rank 0's results; rank 0 writes summary.json (and the plot)."""
+    best, history = s.best, s.history
+    if s.info.distributed:
         best, history = D.broadcast_object((best, history))
-        D.cleanup()
-    summary = {"task": run.task, "model": run.model, "device": str(device), "precision": precision,
-               "world_size": info.world_size, "best": best, "history": history, "train_s": train_s,
-               "config": dataclasses.asdict(cfg)}
-    if info.is_main:
-        squad.write_json(out_dir / "summary.json", summary)
+    summary = {"task": s.run.task, "model": s.run.model, "device": str(s.device), "precision": s.precision,
+               "world_size": s.info.world_size, "best": best, "history": history, "train_s": s.train_s,
+               "skipped_steps": s.skipped, "config": dataclasses.asdict(s.cfg)}
+    s.logger.finish(summary, plot=s.cfg.train.plot)
     return summary
+
+
+def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fine-tune (or only evaluate) and return the summary; writes train.output_dir/{best/, metrics.jsonl,
+    summary.json}.
+
+    Under torchrun (or mpirun/srun) every rank takes its share of each optimizer batch and DDP averages the
+    gradients (one all-reduce per update); rank 0 evaluates and writes.
+    """
+    s = setup(run, cfg, log)
+    try:
+        if run.eval_only or s.task.train is None:
+            if s.info.is_main:  # nothing trained: nothing to save
+                s.best = {"epoch": 0, **evaluate(s, 0)}
+                s.history.append(s.best)
+        else:
+            train(s)
+        return finish(s)
+    finally:
+        s.logger.close()
+        D.cleanup()
 
 
 class _Printer:

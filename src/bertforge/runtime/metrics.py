@@ -72,7 +72,8 @@ def format_line(step: int, metrics: dict[str, Any], total_steps: int | None = No
     for key in CONSOLE_KEYS:
         if key in metrics and metrics[key] is not None:
             label, fmt = _FMT[key]
-            parts.append(f"{label} {fmt(metrics[key])}")
+            v = metrics[key]  # a non-finite number arrives as its string ("nan", see _clean): shown as it is
+            parts.append(f"{label} {fmt(v) if isinstance(v, (int, float)) else v}")
     if eta_s is not None:
         parts.append(f"eta {_duration(eta_s)}")
     return " | ".join(parts)
