@@ -20,6 +20,7 @@ bracket scanners do here, each linear in the page size (the order matters, see `
 
 from __future__ import annotations
 
+import functools
 import html
 import re
 
@@ -32,13 +33,15 @@ _DROP_ELEMENTS = (
 _ELEMENT = re.compile(
     r"<(%s)\b(?:[^>/]|/(?!>))*(?:/>|>.*?</\1\s*>)" % "|".join(_DROP_ELEMENTS),
     re.I | re.S)
+# innermost templates / tables / links: no opener of their own kind inside (single braces and brackets allowed)
+_INNER_TEMPLATE = re.compile(r"\{\{[^{}]*(?:(?:\{(?!\{)|\}(?!\}))[^{}]*)*\}\}")
+_INNER_TABLE = re.compile(r"\{\|[^{|]*(?:(?:\{(?!\|)|\|(?!\}))[^{|]*)*\|\}")
+_INNER_LINK = re.compile(r"\[\[([^\[\]]*(?:(?:\[(?!\[)|\](?!\]))[^\[\]]*)*)\]\]")
 _TEMPLATE_TOKEN = re.compile(r"\{\{|\}\}")
 _TABLE_TOKEN = re.compile(r"\{\||\|\}")
-_LINK_TOKEN = re.compile(r"\[\[|\]\]")
 _EXTERNAL = re.compile(r"\[(?:https?:|ftp:|mailto:|irc:|news:|//)[^\s\]\[<>\"]*[ \t]*([^\]\[\n]*)\]", re.I)
 _BREAK = re.compile(r"<br\s*/?\s*>", re.I)
 _TAG = re.compile(r"</?[a-zA-Z][a-zA-Z0-9]*(?:\s[^<>]{0,500})?/?>")
-_QUOTES = re.compile(r"'{2,}")
 _MAGIC = re.compile(r"__[A-Z]{2,}__")
 _HEADING = re.compile(r"^(={1,6})\s*(.*?)\s*\1$")
 _PAREN = re.compile(r"\s*\([^()]*\)\s*$")
@@ -46,6 +49,16 @@ _PAREN = re.compile(r"\s*\([^()]*\)\s*$")
 _ALWAYS_DROP = ("file:", "image:", "media:", "category:")
 _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*:(?!\s)")
 _MEDIA_FILE = re.compile(r"\.(jpe?g|png|svg|gif|tiff?|webp|ogg|ogv|oga|webm|mp3|mp4|wav|flac|mid|pdf|djvu)\s*$", re.I)
+
+
+def drop_innermost(text: str, inner: re.Pattern, token: re.Pattern, opener: str, closer: str) -> str:
+    """Remove balanced opener...closer spans, innermost first: one C-speed regex pass per nesting level (an
+    infobox inside a template is two), then `drop_nested` for what is left unbalanced, if anything."""
+    while opener in text:
+        text, n = inner.subn("", text)
+        if not n:
+            break
+    return drop_nested(text, token, opener, closer) if opener in text or closer in text else text
 
 
 def drop_nested(text: str, token: re.Pattern, opener: str, closer: str) -> str:
@@ -91,26 +104,22 @@ def _link_text(inner: str, drop_prefixes: tuple[str, ...]) -> str:
     return _PAREN.sub("", target.strip().partition(":")[2] or target.strip())  # the pipe trick [[A (b)|]] -> A
 
 
+def _link_sub(m: re.Match, drop_prefixes: tuple[str, ...]) -> str:
+    inner = m.group(1)
+    if "|" in inner or ":" in inner or "." in inner:
+        return _link_text(inner, drop_prefixes)
+    return inner.strip()
+
+
 def replace_links(text: str, drop_prefixes: tuple[str, ...] = ()) -> str:
-    """`[[...]]` -> the text each shows; nested links (captions inside file links) resolved innermost first."""
-    if "[[" not in text:
-        return text.replace("]]", "")
-    out: list[str] = []
-    stack: list[list[str]] = []  # the pieces of each link still open
-    pos = 0
-    for m in _LINK_TOKEN.finditer(text):
-        (stack[-1] if stack else out).append(text[pos:m.start()])
-        pos = m.end()
-        if m.group() == "[[":
-            stack.append([])
-        elif stack:
-            inner = "".join(stack.pop())
-            (stack[-1] if stack else out).append(_link_text(inner, drop_prefixes))
-    (stack[-1] if stack else out).append(text[pos:])
-    while stack:  # unclosed `[[`: its text stays, the brackets go
-        inner = "".join(stack.pop())
-        (stack[-1] if stack else out).append(inner)
-    return "".join(out)
+    """`[[...]]` -> the text each shows; nested links (captions inside file links) resolved innermost first, one
+    regex pass per nesting level; an unclosed `[[` keeps its text and loses its brackets."""
+    sub = functools.partial(_link_sub, drop_prefixes=drop_prefixes)
+    while "[[" in text:
+        text, n = _INNER_LINK.subn(sub, text)
+        if not n:
+            break
+    return text.replace("[[", "").replace("]]", "") if "[[" in text or "]]" in text else text
 
 
 def _lines(text: str, headings: bool) -> list[str]:
@@ -151,15 +160,15 @@ def clean_wikitext(wikitext: str, drop_prefixes: tuple[str, ...] = (), headings:
         text = _COMMENT.sub("", text)
     if "<" in text:
         text = _ELEMENT.sub("", text)
-    text = drop_nested(text, _TEMPLATE_TOKEN, "{{", "}}")
-    text = drop_nested(text, _TABLE_TOKEN, "{|", "|}")
+    text = drop_innermost(text, _INNER_TEMPLATE, _TEMPLATE_TOKEN, "{{", "}}")
+    text = drop_innermost(text, _INNER_TABLE, _TABLE_TOKEN, "{|", "|}")
     text = replace_links(text, drop_prefixes)
     if "[" in text:
         text = _EXTERNAL.sub(r"\1", text)
     if "<" in text:
-        text = _TAG.sub("", _BREAK.sub(" ", text))
+        text = _TAG.sub("", _BREAK.sub(" ", text) if "<br" in text or "<BR" in text else text)
     if "''" in text:
-        text = _QUOTES.sub("", text)
+        text = text.replace("\'\'\'", "").replace("\'\'", "")  # bold, italic, both (5 = 3 + 2)
     if "__" in text:
         text = _MAGIC.sub("", text)
     if "&" in text:
