@@ -65,8 +65,7 @@ def _unescape(s: str) -> str:
     if "&" not in s:
         return s
     for a, b in _XML_ENTITIES:
-        if a in s:
-            s = s.replace(a, b)
+        s = s.replace(a, b)
     return s.replace("&amp;", "&")  # last: "&amp;lt;" is the wikitext "&lt;", decoded later by the cleaner
 
 
