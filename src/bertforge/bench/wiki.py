@@ -167,3 +167,30 @@ def extract(tool: str = "ours", dump: str = "en", processes: int = 2) -> dict[st
         return m
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def chain(dump: str = "big_x1", processes: int = 2, dupe_factor: int = 5) -> dict[str, float]:
+    """The whole chain on `dump`: `data wiki`, then phase-1 (seq 128, 20 predictions) and phase-2 (seq 512, 80)
+    NVIDIA-format shards with the uncased BERT vocab; wall and CPU seconds of each step, per MB of dump."""
+    path = dump_path(dump)
+    vocab = SHARED / "bert_vocab" / "bert-base-uncased-vocab.txt"
+    out = Path(tempfile.mkdtemp(prefix="bertforge-bench-wiki-chain-"))
+    bf = [sys.executable, "-m", "bertforge", "data"]
+    steps = {"wiki": bf + ["wiki", "--dump", str(path), "--out", str(out / "docs"), "--workers", str(processes)]}
+    for phase, seq, pred in (("phase1", 128, 20), ("phase2", 512, 80)):
+        steps[phase] = bf + ["shards", "--docs", str(out / "docs"), "--vocab", str(vocab), "--out", str(out / phase),
+                             "--seq-len", str(seq), "--max-pred", str(pred), "--dupe-factor", str(dupe_factor),
+                             "--shards", "8", "--workers", str(processes)]
+    try:
+        mb, m = path.stat().st_size / 1e6, {}
+        for name, cmd in steps.items():
+            r = run_measured(cmd)
+            m.update({f"{name}_wall_s": r["shards_wall_s"], f"{name}_cpu_s": r["cpu_s"],
+                      f"{name}_peak_rss_mb": r["peak_rss_mb"]})
+        m["chain_wall_s"] = sum(m[f"{s}_wall_s"] for s in steps)
+        m["chain_cpu_s"] = sum(m[f"{s}_cpu_s"] for s in steps)
+        m["chain_cpu_s_per_mb"] = m["chain_cpu_s"] / mb
+        m["dump_mb"] = mb
+        return m
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
