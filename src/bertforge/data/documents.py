@@ -20,7 +20,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -128,6 +127,8 @@ def bounded_map(fn: Callable, items: Iterable, workers: int) -> Iterator:
     if workers <= 1:
         yield from map(fn, items)
         return
+    import multiprocessing as mp  # here: a one-process run (a small dump) does not pay for importing it
+
     pool = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn").Pool(workers)
     try:
         pending: collections.deque = collections.deque()
@@ -400,10 +401,11 @@ def run_wiki(dump: str | os.PathLike, out_dir: str | os.PathLike, num_shards: in
     prefixes = sources.non_article_prefixes(wikidump.header_namespaces(wikidump.read_header(d)))
     _splitter()  # Bling Fire loaded once here, shared by the forked workers
     parts = _parts_dir(out, dict(settings, chunk_bytes=chunk_bytes, index=str(d.index)))
+    chunks = -(-d.size * (4 if d.compressed else 1) // chunk_bytes)  # about, from bz2's usual 4:1 and more
+    n_workers = min(_workers(workers), max(1, chunks))  # no processes to start for a one-chunk dump
     log(f"data wiki: {d.path} ({d.size / 1e6:,.1f} MB{', multistream, ' + d.index.name if d.index else ''}) "
-        f"-> {out}, {_workers(workers)} workers")
-    job = _WikiJob(d, parts, prefixes, min_doc_chars, headings)
-    counts = _extract_parts(job, chunk_bytes, _workers(workers), log)
+        f"-> {out}, {n_workers} workers")
+    counts = _extract_parts(_WikiJob(d, parts, prefixes, min_doc_chars, headings), chunk_bytes, n_workers, log)
     with ShardWriter(out, num_shards) as writer:
         _merge_parts(parts, writer, counts.get("parts", 0))
         manifest = _finish(out, writer, counts, settings, t0, log)
