@@ -85,6 +85,10 @@ def test_progress_line():
     time.sleep(0.01)
     p.update(20 * 10**6, 500)
     assert "pages/s" in lines[-1] and "MB/s" in lines[-1] and "ETA" in lines[-1] and "20/100 MB" in lines[-1]
+    resumed = documents._Progress(total=100 * 10**6, log=lines.append, every=0.0)
+    resumed.update(50 * 10**6, 900, resumed=True)  # parts kept from a killed run: not speed
+    resumed.update(60 * 10**6, 100)
+    assert "60/100 MB" in lines[-1] and resumed.pos0 == 50 * 10**6 and resumed.pages == 100
 
 
 def test_summary_logged(tmp_path):

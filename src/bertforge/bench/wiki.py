@@ -7,7 +7,9 @@ Inputs (built under the bench cache directory at run time, never committed):
 - `vi`: the Vietnamese pages-articles head wikiextractor_vi_pair/test.xml, as it is (plain XML, cut off);
 - `big_xN`: the real pages of both samples' English file repeated with new page ids until the XML reaches
   N x 110 MB, written as a multistream dump (100 pages per bz2 stream) with its index — what
-  dumps.wikimedia.org publishes; WikiExtractor reads it as one bz2 file (Python's bz2 reads every stream).
+  dumps.wikimedia.org publishes; WikiExtractor reads it as one bz2 file (Python's bz2 reads every stream);
+- `big_xN_plain`: the same XML as one bz2 stream (`pages-articles.xml.bz2`): ours decompresses it in the main
+  process then, as WikiExtractor does.
 
 WikiExtractor (PyPI `wikiextractor`) is installed with `pip install --target` into the cache, never into the
 running environment. Each side runs as a child process (`bench.data.run_measured`: wall, CPU seconds of all its
@@ -85,6 +87,14 @@ def dump_path(name: str) -> Path:
         path = cache / "enwiki-sample-siteinfo.xml.bz2"
         if not path.is_file():
             path.write_bytes(bz2.compress(_en_xml().encode("utf-8")))
+        return path
+    if name.endswith("_plain"):  # the same XML as one bz2 stream, as `pages-articles.xml.bz2` ships
+        path = cache / f"enwiki-repeated-{name}-pages-articles.xml.bz2"
+        if not path.is_file():
+            with bz2.open(dump_path(name.removesuffix("_plain")), "rb") as src, bz2.open(path.with_suffix(".part"),
+                                                                                         "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 24)
+            path.with_suffix(".part").rename(path)
         return path
     times = int(name.removeprefix("big_x"))
     path = cache / f"enwiki-repeated-x{times}-pages-articles-multistream.xml.bz2"

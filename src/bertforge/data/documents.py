@@ -301,6 +301,7 @@ def _wiki_chunk(job: _WikiJob, item: tuple[int, bytes | tuple[int, int], int]) -
     k, payload, pos = item
     path = job.parts / f"part_{k:06d}.txt"
     counts = _part_counts(path)
+    resumed = counts is not None
     if counts is None:
         counts = dict.fromkeys(_PART_KEYS, 0)
         docs = []
@@ -320,7 +321,7 @@ def _wiki_chunk(job: _WikiJob, item: tuple[int, bytes | tuple[int, int], int]) -
             counts["sentences"] += len(sents)
             counts["chars"] += chars
         write_text(path, json.dumps(counts) + "\n" + "".join(docs))
-    return dict(counts, done=k, pos=pos)
+    return dict(counts, done=k, pos=pos, resumed=resumed)
 
 
 class _Progress:
@@ -329,12 +330,13 @@ class _Progress:
     def __init__(self, total: int, log: Callable[[str], None], every: float = 5.0):
         self.total, self.log, self.every = total, log, every
         self.t0 = self.last = time.perf_counter()
-        self.pos0: int | None = None
-        self.pages = 0
+        self.pos0 = self.pages = 0
 
-    def update(self, pos: int, pages: int) -> None:
-        if self.pos0 is None:
-            self.pos0 = 0 if pages else pos  # resumed parts before the first new one do not count as speed
+    def update(self, pos: int, pages: int, resumed: bool = False) -> None:
+        if resumed:  # parts kept from a killed run: not speed
+            if not self.pages:
+                self.pos0, self.t0 = pos, time.perf_counter()
+            return
         self.pages += pages
         now = time.perf_counter()
         if now - self.last < self.every:
@@ -356,7 +358,7 @@ def _extract_parts(job: _WikiJob, chunk_bytes: int, workers: int, log) -> dict:
     for res in bounded_map(functools.partial(_wiki_chunk, job), items, workers):
         for key in _PART_KEYS:
             counts[key] += res[key]
-        progress.update(res["pos"], res["pages"])
+        progress.update(res["pos"], res["pages"], res["resumed"])
         counts["parts"] = res["done"] + 1
     return counts
 
