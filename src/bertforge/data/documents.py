@@ -402,7 +402,9 @@ def run_wiki(dump: str | os.PathLike, out_dir: str | os.PathLike, num_shards: in
     t0 = time.perf_counter()
     prefixes = sources.non_article_prefixes(wikidump.header_namespaces(wikidump.read_header(d)))
     _splitter()  # Bling Fire loaded once here, shared by the forked workers
-    parts = _parts_dir(out, dict(settings, chunk_bytes=chunk_bytes, index=str(d.index)))
+    stat = d.path.stat()  # a different dump at the same path must not reuse the parts of the old one
+    parts = _parts_dir(out, dict(settings, chunk_bytes=chunk_bytes, index=str(d.index), dump_bytes=stat.st_size,
+                                 dump_mtime_ns=stat.st_mtime_ns))
     chunks = -(-d.size * (4 if d.compressed else 1) // chunk_bytes)  # about, from bz2's usual 4:1 and more
     n_workers = min(_workers(workers), max(1, chunks))  # no processes to start for a one-chunk dump
     log(f"data wiki: {d.path} ({d.size / 1e6:,.1f} MB{', multistream, ' + d.index.name if d.index else ''}) "
