@@ -68,12 +68,14 @@ def _tree_rss(proc: psutil.Process) -> tuple[int, int]:
     return total, biggest
 
 
-def run_measured(cmd: list[str]) -> dict[str, float]:
-    """Run `cmd`; wall and CPU seconds, peak summed RSS (MB) of it and its children."""
+def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+    """Run `cmd` (with `env` added to the environment); wall and CPU seconds, peak summed RSS (MB) of it and its
+    children."""
     peak = peak_one = 0
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env={**os.environ, **env} if env else None)
     ps = psutil.Process(child.pid)
     done = threading.Event()
 

@@ -15,7 +15,9 @@ def data_add(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="data_command", metavar="STEP", parser_class=type(p), required=True)
 
     w = sub.add_parser("wiki", help="Wikipedia pages-articles dump (.xml/.xml.bz2) -> documents")
-    w.add_argument("--dump", required=True, help="pages-articles dump, .xml or .xml.bz2 (streamed)")
+    w.add_argument("--dump", required=True, help="pages-articles dump: .xml, .xml.bz2 or -multistream.xml.bz2")
+    w.add_argument("--index", help="a multistream dump's index (default: the -multistream-index.txt.bz2 beside it)")
+    w.add_argument("--headings", action="store_true", help="keep section headings as lines (as WikiExtractor)")
     w.add_argument("--out", required=True, help="output directory of document text shards")
     _docs_common(w)
 
@@ -76,7 +78,8 @@ def data_run(args: argparse.Namespace) -> int:
     if cmd == "wiki":
         from bertforge.data.documents import run_wiki
 
-        run_wiki(args.dump, args.out, args.shards, args.min_doc_chars, args.workers or None)
+        run_wiki(args.dump, args.out, args.shards, args.min_doc_chars, args.workers or None, index=args.index,
+                 headings=args.headings)
     elif cmd == "docs":
         from bertforge.data.documents import run_docs
 

@@ -4,7 +4,8 @@ Sources (`SOURCE` of `bertforge data docs --source`, or `--dump` of `data wiki`)
 
 - `F.xml` / `F.xml.bz2`: a MediaWiki pages-articles dump, streamed with `xml.etree.ElementTree.iterparse`
   (bz2 decompressed on the fly; the parsed page is cleared right away, so memory stays flat). Article
-  namespace (0) only; redirects skipped. Wikitext -> prose happens in `wikitext_to_text` (mwparserfromhell).
+  namespace (0) only; redirects skipped. Wikitext -> prose happens in `wikitext_to_text` (`wikiclean`). `bertforge data wiki`
+  reads dumps in parallel chunks instead (`wikidump`, `documents.run_wiki`).
 - a WikiExtractor output directory (files of `<doc id=... title=...>` ... `</doc>` blocks; the first line of
   a block is the title and is dropped).
 - text files and globs: a blank line ends a document (or `one_doc_per_file`). A file in WikiText's raw
@@ -210,21 +211,9 @@ def iter_wiki_dump(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
 
 def dump_namespaces(path: str | os.PathLike) -> dict[int, str]:
     """Namespace key -> local name (e.g. 6: "Tập tin" in Vietnamese) from a dump's <siteinfo> header."""
-    path = Path(path)
-    out: dict[int, str] = {}
-    raw = bz2.open(path, "rb") if path.suffix == ".bz2" else open(path, "rb")
-    try:
-        for _event, elem in ET.iterparse(raw, events=("end",)):
-            name = _local(elem.tag)
-            if name == "namespace" and elem.get("key") is not None:
-                out[int(elem.get("key"))] = (elem.text or "").strip()
-            elif name in ("siteinfo", "page"):
-                break
-    except (OSError, EOFError, ET.ParseError, ValueError):
-        pass  # iter_wiki_dump reports a broken dump with a clear error
-    finally:
-        raw.close()
-    return out
+    from bertforge.data import wikidump
+
+    return wikidump.header_namespaces(wikidump.read_header(wikidump.open_dump(path)))
 
 
 def non_article_prefixes(namespaces: dict[int, str]) -> tuple[str, ...]:
@@ -232,54 +221,17 @@ def non_article_prefixes(namespaces: dict[int, str]) -> tuple[str, ...]:
     return tuple(f"{n.lower()}:" for k, n in namespaces.items() if k != 0 and n)
 
 
-# tags whose content is not prose (mwparserfromhell keeps Tag contents when stripping)
-_DROP_TAGS = {
-    "ref", "references", "table", "gallery", "math", "chem", "score", "timeline", "graph", "imagemap",
-    "syntaxhighlight", "source", "pre", "code", "hiero", "mapframe", "templatedata", "noinclude", "includeonly",
-}
-_DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:", "wikt:", ":category:")
-_INTERWIKI = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
-_MEDIA_FILE = re.compile(r"\.(jpe?g|png|svg|gif|tiff?|webp|ogg|ogv|webm|mp3|wav|pdf|djvu)$", re.IGNORECASE)
-
-
 def wikitext_to_text(wikitext: str, drop_prefixes: tuple[str, ...] = ()) -> str:
-    """Wikitext -> plain prose with mwparserfromhell: templates, tables, references, files, categories, HTML,
-    headings and comments removed; links replaced by their text; one paragraph per line.
+    """Wikitext -> plain prose (`wikiclean.clean_wikitext`, linear in the page size): templates, tables,
+    references, files, categories, HTML, headings, list items and comments removed; links replaced by their
+    text; one paragraph per line.
 
     `drop_prefixes`: extra lower-case link prefixes to drop — a dump's localized namespace names
     (`non_article_prefixes(dump_namespaces(dump))`, e.g. "tập tin:" for files in Vietnamese); links to media
     files are dropped whatever their prefix."""
-    import mwparserfromhell
+    from bertforge.data.wikiclean import clean_wikitext
 
-    code = mwparserfromhell.parse(wikitext)
-    for node in code.filter(recursive=True):
-        kind = type(node).__name__
-        drop = False
-        if kind in ("Heading", "Template", "Comment", "Argument"):
-            drop = True
-        elif kind == "Tag":
-            drop = str(node.tag).strip().lower() in _DROP_TAGS
-        elif kind == "Wikilink":
-            title = str(node.title).strip().lower()
-            drop = (title.startswith(_DROP_LINK_PREFIXES) or bool(_INTERWIKI.match(title))
-                    or (bool(drop_prefixes) and title.lstrip(":").startswith(drop_prefixes))
-                    or bool(_MEDIA_FILE.search(title)))
-        if drop:
-            try:
-                code.remove(node)
-            except ValueError:  # inside a node that was already removed
-                pass
-    text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
-    paras = []
-    for line in text.split("\n"):
-        s = line.strip()
-        # table/list remnants that are not prose
-        if not s or s[0] in "|!{}" or s.startswith(("__", "=", "[[", "]]")):
-            continue
-        s = re.sub(r"'{2,}", "", s)  # bold/italic quotes left inside dropped constructs
-        s = re.sub(r"<[^>]{0,200}>", "", s)  # stray HTML tags
-        paras.append(s)
-    return "\n\n".join(paras)
+    return clean_wikitext(wikitext, drop_prefixes)
 
 
 # ------------------------------------------------------------------------------------------- Hugging Face

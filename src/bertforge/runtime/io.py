@@ -34,12 +34,7 @@ def fsync_tree(path: Path) -> None:
     data."""
     paths = [path] if path.is_file() else [*(p for p in path.rglob("*") if p.is_file()), path]
     for p in paths:
-        with contextlib.suppress(OSError):
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        _fsync_one(p)
 
 
 def commit(tmp: Path, final: Path) -> None:
@@ -52,7 +47,18 @@ def commit(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
     else:
         os.replace(tmp, final)
-    fsync_tree(final.parent)
+    # the directory's entries only (the rename just made), not its files: a directory holding thousands of
+    # committed files (parts of a Wikipedia run) must not be re-flushed file by file on every commit
+    _fsync_one(final.parent)
+
+
+def _fsync_one(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _discard(tmp: Path) -> None:
