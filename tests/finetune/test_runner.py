@@ -337,10 +337,10 @@ def _cfg(tmp_path, *extra):
 
 
 def test_runner_calls_the_one_training_step(tiny_model, tmp_path, monkeypatch):
-    """Fine-tuning's update is `train.step.train_step` (the pre-training loop's): the same function object, really
+    """Fine-tuning's update is `runtime.step.train_step` (the pre-training loop's): the same function object, really
     called once per update, with this rank's micro-batches weighted by their share of the global batch."""
     from bertforge.finetune import runner
-    from bertforge.train import step as product
+    from bertforge.runtime import step as product
 
     assert runner.train_step is product.train_step
     calls = []
@@ -383,7 +383,7 @@ def test_lamb_and_poly_schedule_for_finetuning(tiny_model, tmp_path, monkeypatch
 
 def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tiny_model, tmp_path, monkeypatch):
     from bertforge.finetune import runner
-    from bertforge.train import step as product
+    from bertforge.runtime import step as product
 
     poisoned = {1, 2}  # NaN loss weights -> NaN gradients on these updates
 

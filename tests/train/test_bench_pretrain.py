@@ -5,7 +5,8 @@ import math
 import pytest
 
 from bertforge.bench import baseline, pretrain as bench, step as bench_step
-from bertforge.train import loop, step as product
+from bertforge.runtime import step as product
+from bertforge.train import loop
 
 
 @pytest.mark.parametrize("impl", ["ours", "hf"])
@@ -16,7 +17,7 @@ def test_train_step(shards, impl):
 
 
 def test_loop_and_benchmarks_call_the_one_step(shards, tmp_path, monkeypatch, overrides):
-    """`bertforge pretrain`'s loop and every bench entry that times "our step" run `train.step.train_step`: the
+    """`bertforge pretrain`'s loop and every bench entry that times "our step" run `runtime.step.train_step`: the
     same function object, and each really calls it (counted through a spy put in its place)."""
     users = {loop: "train_step", bench_step: "product_step", bench: "product_step"}
     assert all(getattr(m, name) is product.train_step for m, name in users.items())

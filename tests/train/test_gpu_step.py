@@ -7,7 +7,7 @@ import torch
 from bertforge.bench.step import random_batches
 from bertforge.model import BertConfig, build_model
 from bertforge.optim.lamb import build_optimizer
-from bertforge.train.step import TrainStep, train_step
+from bertforge.runtime.step import TrainStep, train_step
 
 pytestmark = pytest.mark.gpu
 

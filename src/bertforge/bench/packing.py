@@ -128,7 +128,7 @@ def packed_vs_unpacked(unpacked_dir: str, packed_dir: str, preset: str = "mini",
     from bertforge import device as dev
     from bertforge.model import BertConfig, build_model
     from bertforge.optim.lamb import build_optimizer
-    from bertforge.train.step import TrainStep, train_step
+    from bertforge.runtime.step import TrainStep, train_step
 
     if threads:
         torch.set_num_threads(threads)

@@ -21,7 +21,7 @@ from bertforge.model import BertConfig, build_model
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime.metrics import save_figure
-from bertforge.train.step import TrainStep, set_lr, train_step as product_step
+from bertforge.runtime.step import TrainStep, set_lr, train_step as product_step
 
 def _tta_side(impl: str, config, base_lr: float | None, precision: str):
     """(lr, schedule, one-update function) for a side of `time_to_accuracy`: ours is the product's step with LAMB,

@@ -1,4 +1,4 @@
-"""Training-step benchmarks: ours is the product's own step (`bertforge.train.step.train_step`, built with
+"""Training-step benchmarks: ours is the product's own step (`bertforge.runtime.step.train_step`, built with
 `TrainStep.build` as `bertforge pretrain` builds it), the baseline `bench.baseline.hf_step`, on the same
 micro-batches, the same autocast and device.
 
@@ -23,7 +23,7 @@ from bertforge.bench.harness import SetupCache
 from bertforge.model import BertConfig, build_model
 from bertforge.model.flops import flops_per_sequence
 from bertforge.optim.lamb import build_optimizer
-from bertforge.train.step import TrainStep, train_step as product_step
+from bertforge.runtime.step import TrainStep, train_step as product_step
 
 _CACHE = SetupCache()
 

@@ -83,6 +83,9 @@ class FinetuneTrainConfig(TrainConfig):
             raise ConfigError(f"train.epochs must be > 0, got {self.epochs}")
         if self.eval_batch_size < 1:
             raise ConfigError(f"train.eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        if self.fp8:
+            raise ConfigError("train.fp8 is a pre-training option (it has not been validated for fine-tuning); "
+                              "set train.fp8=false")
 
 
 @dataclasses.dataclass

@@ -3,7 +3,7 @@
     result = run_finetune(FinetuneRun(task="mrpc", model="path/to/hf_dir", train_file=..., dev_files=[...]), cfg)
 
 `run_finetune` is four named steps, as the pre-training loop: `setup` (tokenizer, features, model) -> `train`
-(for epoch: shuffled global batches, each padded to its own longest row -> `train.step.train_step`, the one
+(for epoch: shuffled global batches, each padded to its own longest row -> `runtime.step.train_step`, the one
 training step of bertforge: forward, weighted loss, backward, clip, optimizer and fp16 scaler, non-finite skip)
 -> `evaluate` -> `keep_best` (Hugging Face format with the tokenizer files beside it, so `transformers` Auto
 classes load it). Evaluation sorts sequences by length so each batch pads to nearly nothing, and runs under
@@ -11,7 +11,7 @@ classes load it). Evaluation sorts sequences by length so each batch pads to nea
 
 Pieces shared with pre-training: the config sections (`model`, `train`, `optim`), parameter groups and the
 optimizer named by optim.name (`bertforge.optim`), the schedule named by optim.schedule
-(`bertforge.optim.schedule`), the training step (`bertforge.train.step`), distributed set-up and the metrics
+(`bertforge.optim.schedule`), the training step (`bertforge.runtime.step`), distributed set-up and the metrics
 logger (`bertforge.runtime`), device, precision and autocast (`bertforge.device`).
 """
 
@@ -37,9 +37,11 @@ from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as D
+from bertforge.data.vocab import load_tokenizer
 from bertforge.runtime.io import write_text
+from bertforge.runtime.activation import apply_activation_checkpointing
 from bertforge.runtime.metrics import MetricsLogger
-from bertforge.train.step import TrainStep, set_lr, train_step
+from bertforge.runtime.step import TrainStep, set_lr, train_step
 
 SQUAD_TASKS = ("squad", "squad_v2")
 ALL_TASKS = SQUAD_TASKS + tuple(glue.GLUE_TASKS)
@@ -57,35 +59,6 @@ class FinetuneRun:
     dev_files: list[str] = dataclasses.field(default_factory=list)
     dataset: str | None = None
     eval_only: bool = False
-
-
-# ------------------------------------------------------------------------------------------- tokenizer
-def load_tokenizer(model_dir: str | Path):
-    """The fast tokenizer of a model directory (tokenizer.json, else vocab.txt), with truncation/padding off."""
-    model_dir = Path(model_dir)
-    try:
-        from bertforge.data.vocab import load_tokenizer as _load  # the data module's loader, when present
-    except ImportError:
-        _load = None
-    if _load is not None:
-        tok = _load(model_dir)
-    else:
-        from tokenizers import BertWordPieceTokenizer, Tokenizer
-
-        if (model_dir / "tokenizer.json").is_file():
-            tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        elif (model_dir / "vocab.txt").is_file():
-            lower = True
-            cfg = model_dir / "tokenizer_config.json"
-            if cfg.is_file():
-                lower = bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
-            tok = BertWordPieceTokenizer(str(model_dir / "vocab.txt"), lowercase=lower)
-        else:
-            raise UserError(f"{model_dir}: no tokenizer.json or vocab.txt; fine-tuning needs the model's tokenizer "
-                            f"files beside its weights")
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -335,6 +308,8 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     task = (_squad_task(run, cfg.task, tokenizer, out_dir) if run.task in SQUAD_TASKS
             else _glue_task(run, cfg.task, tokenizer))
     model, mconfig = load_model(run.model, task.head, task.num_labels, t.attention, cfg.model.overrides())
+    if t.activation_checkpointing:
+        apply_activation_checkpointing(model)
     model.to(device)
     logger = MetricsLogger(out_dir, is_main=info.is_main, tensorboard=t.tensorboard, stream=_Printer(say))
     say(f"finetune {run.task} | {run.model} | {device} {precision} x{info.world_size} | "

@@ -1,5 +1,5 @@
 """FP8 training with torchao's float8 (tensorwise dynamic scaling), applied to the model from outside, with the
-guardrails DESIGN §4 asks for: non-finite steps are skipped and counted by `train.step`, and after
+guardrails DESIGN §4 asks for: non-finite steps are skipped and counted by `runtime.step`, and after
 `fallback_after` of them in a row the model goes back to bf16 matmuls for the rest of the run.
 
     n = convert(model)                   # encoder and MLM-transform nn.Linear -> torchao Float8Linear

@@ -36,7 +36,7 @@ from bertforge.runtime import fp8
 from bertforge.runtime.activation import apply_activation_checkpointing
 from bertforge.runtime.profile import PowerSampler, StepProfiler
 from bertforge.train.config import PretrainConfig
-from bertforge.train.step import TrainStep, set_lr, to_device, train_step
+from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step
 from bertforge.runtime.metrics import MetricsLogger
 
 
