@@ -32,8 +32,7 @@ HEAVY = ("torch", "transformers", "h5py", "matplotlib", "tritonclient", "numpy")
 
 def test_importing_the_cli_imports_nothing_heavy():
     # `bertforge --help` imports the command table and every handler module in it; torch alone takes seconds
-    code = ("import sys, bertforge.cli; "
-            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))")
+    code = f"import sys, bertforge.cli; print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", f"heavy modules imported by `import bertforge.cli`: {proc.stdout}"

@@ -7,9 +7,7 @@ from bertforge.errors import ConfigError
 from bertforge.model.config import MODEL_PRESETS, BertConfig
 
 
-@pytest.mark.parametrize(
-    "kind,name", [(kind, name) for kind in C.CONFIG_KINDS for name in C.list_presets(kind)]
-)
+@pytest.mark.parametrize("kind,name", [(kind, name) for kind in C.CONFIG_KINDS for name in C.list_presets(kind)])
 def test_every_shipped_preset_loads_and_validates(kind, name):
     cfg = C.load_config(kind, name)
     assert dataclasses.is_dataclass(cfg)
@@ -83,9 +81,22 @@ def test_field_docs_are_read():
     assert "Size preset" in docs["preset"]
     rows = C.describe(C.config_class("pretrain"))
     keys = {r[0] for r in rows}
-    for key in ("model.preset", "data.input_dir", "data.eval_dir", "train.output_dir", "train.max_steps",
-                "train.global_batch_size", "train.micro_batch_size", "train.precision", "train.seed",
-                "train.log_every", "train.save_every", "optim.name", "optim.lr", "optim.warmup"):
+    for key in (
+        "model.preset",
+        "data.input_dir",
+        "data.eval_dir",
+        "train.output_dir",
+        "train.max_steps",
+        "train.global_batch_size",
+        "train.micro_batch_size",
+        "train.precision",
+        "train.seed",
+        "train.log_every",
+        "train.save_every",
+        "optim.name",
+        "optim.lr",
+        "optim.warmup",
+    ):
         assert key in keys
     assert all(doc for _, _, doc in rows), "every config field needs a docstring"
 
@@ -96,10 +107,17 @@ def test_every_config_field_has_a_docstring():
             assert doc, f"{kind}: {key} has no docstring"
 
 
-@pytest.mark.parametrize("name,layers,hidden,heads", [
-    ("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("small", 4, 512, 8),
-    ("medium", 8, 512, 8), ("base", 12, 768, 12), ("large", 24, 1024, 16),
-])
+@pytest.mark.parametrize(
+    "name,layers,hidden,heads",
+    [
+        ("tiny", 2, 128, 2),
+        ("mini", 4, 256, 4),
+        ("small", 4, 512, 8),
+        ("medium", 8, 512, 8),
+        ("base", 12, 768, 12),
+        ("large", 24, 1024, 16),
+    ],
+)
 def test_model_presets(name, layers, hidden, heads):
     cfg = BertConfig.from_preset(name)
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads) == (layers, hidden, heads)

@@ -47,8 +47,11 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(up + ([base] if base else []))
                 for a in node.names:  # `from pkg import sub` imports the submodule when there is one
-                    targets.add(_resolve(f"{base}.{a.name}", modules) if f"{base}.{a.name}" in modules
-                                else _resolve(base, modules))
+                    targets.add(
+                        _resolve(f"{base}.{a.name}", modules)
+                        if f"{base}.{a.name}" in modules
+                        else _resolve(base, modules)
+                    )
         graph[mod] = {a for t in targets if t for a in _with_packages(t, mod) if a != mod}
     return graph
 

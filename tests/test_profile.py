@@ -19,9 +19,14 @@ def _tiny_step():
     torch.manual_seed(0)
     model = build_model(BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=32), "pretraining")
     ids = torch.randint(5, 64, (4, 16))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-             "masked_positions": torch.tensor([[1, 2, 0]] * 4), "masked_labels": torch.tensor([[7, 8, 0]] * 4),
-             "nsp_labels": torch.tensor([0, 1, 0, 1])}
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "token_type_ids": torch.zeros_like(ids),
+        "masked_positions": torch.tensor([[1, 2, 0]] * 4),
+        "masked_labels": torch.tensor([[7, 8, 0]] * 4),
+        "nsp_labels": torch.tensor([0, 1, 0, 1]),
+    }
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -64,12 +69,17 @@ def test_top_ops_ranks_kernels_only_on_a_device():
     from torch.autograd import DeviceType
 
     def ev(key, kind, dev_us, cpu_us, count=1):
-        return SimpleNamespace(key=key, device_type=kind, self_device_time_total=dev_us, self_cpu_time_total=cpu_us,
-                               count=count)
+        return SimpleNamespace(
+            key=key, device_type=kind, self_device_time_total=dev_us, self_cpu_time_total=cpu_us, count=count
+        )
 
     # as seen on an H100: the op that launches a kernel carries the kernel's device time as well
-    events = [ev("aten::mm", DeviceType.CPU, 300.0, 50.0, 2), ev("sm90_gemm", DeviceType.CUDA, 300.0, 0.0, 2),
-              ev("elementwise", DeviceType.CUDA, 100.0, 0.0, 4), ev("aten::add", DeviceType.CPU, 0.0, 10.0)]
+    events = [
+        ev("aten::mm", DeviceType.CPU, 300.0, 50.0, 2),
+        ev("sm90_gemm", DeviceType.CUDA, 300.0, 0.0, 2),
+        ev("elementwise", DeviceType.CUDA, 100.0, 0.0, 4),
+        ev("aten::add", DeviceType.CPU, 0.0, 10.0),
+    ]
     dev = prof.top_ops(events, on_device=True)
     assert [r["name"] for r in dev] == ["sm90_gemm", "elementwise"] and dev[0]["share"] == pytest.approx(0.75)
     cpu = prof.top_ops(events, on_device=False, n=1)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from bertforge import info
 from bertforge.bench import cli as bench_cli
@@ -37,23 +37,45 @@ class Command:
 
 
 COMMANDS: list[Command] = [
-    Command("info", info.info_add, info.info_run,
-            "environment: versions, devices, bf16 support, threads, measured matmul peak"),
-    Command("data", data_cli.data_add, data_cli.data_run,
-            "corpus -> documents -> vocab -> pre-training shards; inspect shards"),
+    Command(
+        "info",
+        info.info_add,
+        info.info_run,
+        "environment: versions, devices, bf16 support, threads, measured matmul peak",
+    ),
+    Command(
+        "data",
+        data_cli.data_add,
+        data_cli.data_run,
+        "corpus -> documents -> vocab -> pre-training shards; inspect shards",
+    ),
     Command("pack", pack_cli.pack_add, pack_cli.pack_run, "histogram-pack pre-training shards (SPFHP/LPFHP/NNLSHP)"),
-    Command("pretrain", train_cli.pretrain_add, train_cli.pretrain_run,
-            "two-phase BERT pre-training (LAMB, bf16/fp16, DDP, resume)"),
-    Command("finetune", finetune_cli.finetune_add, finetune_cli.finetune_run,
-            "fine-tune on SQuAD v1.1/v2.0 or a GLUE task"),
-    Command("score", finetune_cli.score_add, finetune_cli.score_run,
-            "score a SQuAD predictions file with the official metric"),
+    Command(
+        "pretrain",
+        train_cli.pretrain_add,
+        train_cli.pretrain_run,
+        "two-phase BERT pre-training (LAMB, bf16/fp16, DDP, resume)",
+    ),
+    Command(
+        "finetune", finetune_cli.finetune_add, finetune_cli.finetune_run, "fine-tune on SQuAD v1.1/v2.0 or a GLUE task"
+    ),
+    Command(
+        "score",
+        finetune_cli.score_add,
+        finetune_cli.score_run,
+        "score a SQuAD predictions file with the official metric",
+    ),
     Command("export", serve_cli.export_add, serve_cli.export_run, "export a model as a Hugging Face directory or ONNX"),
-    Command("serve", serve_cli.serve_add, serve_cli.serve_run,
-            "serve a model with NVIDIA Triton (PyTriton), dynamic batching"),
+    Command(
+        "serve",
+        serve_cli.serve_add,
+        serve_cli.serve_run,
+        "serve a model with NVIDIA Triton (PyTriton), dynamic batching",
+    ),
     Command("predict", serve_cli.predict_add, serve_cli.predict_run, "send requests to a running `bertforge serve`"),
-    Command("bench", bench_cli.bench_add, bench_cli.bench_run,
-            "run a benchmark spec: ours vs the baseline, in one run"),
+    Command(
+        "bench", bench_cli.bench_add, bench_cli.bench_run, "run a benchmark spec: ours vs the baseline, in one run"
+    ),
 ]
 
 

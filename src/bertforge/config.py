@@ -123,8 +123,14 @@ class TrainConfig:
     """Stop after this many non-finite steps in a row."""
 
     def validate(self) -> None:
-        for name in ("global_batch_size", "micro_batch_size", "log_every", "eval_every", "max_nonfinite_steps",
-                     "fp8_fallback_after"):
+        for name in (
+            "global_batch_size",
+            "micro_batch_size",
+            "log_every",
+            "eval_every",
+            "max_nonfinite_steps",
+            "fp8_fallback_after",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_steps < 0:
@@ -383,8 +389,11 @@ def _move_renamed(data: dict[str, Any], cls: type, where: str) -> None:
             if new_leaf in target:
                 raise ConfigError(f"{where}: both {old} (old name) and {new} are set; keep {new}")
             target[new_leaf] = value
-        print(f"bertforge: config key {old} is now {' and '.join(news)}{f' ({where})' if where else ''}; "
-              "please rename it", file=sys.stderr)
+        print(
+            f"bertforge: config key {old} is now {' and '.join(news)}{f' ({where})' if where else ''}; "
+            "please rename it",
+            file=sys.stderr,
+        )
 
 
 def build_config(
@@ -400,8 +409,11 @@ def build_config(
             raise ConfigError(f"--set expects section.key=value, got {item!r}")
         key = key.strip()
         if key in moved:
-            print(f"bertforge: --set {key} is now {' and '.join(f'--set {k}' for k in moved[key])}; please use "
-                  "the new name", file=sys.stderr)
+            print(
+                f"bertforge: --set {key} is now {' and '.join(f'--set {k}' for k in moved[key])}; please use "
+                "the new name",
+                file=sys.stderr,
+            )
         for new in moved.get(key, (key,)):
             _set_path(data, cls, new, raw)
     cfg = _build(cls, data)

@@ -21,15 +21,50 @@ from bertforge.data.shardset import ShardSet, list_shards, read_attrs
 from bertforge.data.vocab import train_wordpiece
 from bertforge.errors import UserError
 
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
-         "upsilon phi chi psi omega river mountain forest city village ocean desert island valley").split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "chi",
+    "psi",
+    "omega",
+    "river",
+    "mountain",
+    "forest",
+    "city",
+    "village",
+    "ocean",
+    "desert",
+    "island",
+    "valley",
+]
 
 
 def _corpus(path, n_docs=40, seed=0):
     rng = np.random.default_rng(seed)
     docs = []
     for _ in range(n_docs):
-        sents = [" ".join(rng.choice(WORDS, rng.integers(3, 25))).capitalize() + "." for _ in range(rng.integers(1, 12))]
+        sents = [
+            " ".join(rng.choice(WORDS, rng.integers(3, 25))).capitalize() + "." for _ in range(rng.integers(1, 12))
+        ]
         docs.append("\n".join(sents))
     path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     return path
@@ -70,8 +105,15 @@ def test_instance_specs_rules():
     lens = rng.integers(1, 31, int(counts.sum()))
     offsets = np.concatenate([[0], np.cumsum(lens)])
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    specs = create_instance_specs(first.tolist(), counts.tolist(), offsets.tolist(), np.random.default_rng(1),
-                                  max_seq_len=64, short_seq_prob=0.1, dupe_factor=4)
+    specs = create_instance_specs(
+        first.tolist(),
+        counts.tolist(),
+        offsets.tolist(),
+        np.random.default_rng(1),
+        max_seq_len=64,
+        short_seq_prob=0.1,
+        dupe_factor=4,
+    )
     assert np.all(specs["a_len"] >= 1) and np.all(specs["b_len"] >= 1)
     assert np.all(specs["a_len"] + specs["b_len"] <= 61)
     doc_of_token = np.repeat(np.arange(30), [offsets[f + c] - offsets[f] for f, c in zip(first, counts)])
@@ -87,11 +129,17 @@ def test_instance_specs_rules():
 
 def test_build_rows_layout():
     tokens = np.arange(10, 110, dtype=np.int32)
-    specs = {"a_start": np.array([0, 50]), "a_len": np.array([3, 1]), "b_start": np.array([20, 60]),
-             "b_len": np.array([2, 4])}
+    specs = {
+        "a_start": np.array([0, 50]),
+        "a_len": np.array([3, 1]),
+        "b_start": np.array([20, 60]),
+        "b_len": np.array([2, 4]),
+    }
     rows = build_rows(tokens, specs, 12, cls_id=2, sep_id=3)
-    assert rows["input_ids"].tolist() == [[2, 10, 11, 12, 3, 30, 31, 3, 0, 0, 0, 0],
-                                          [2, 60, 3, 70, 71, 72, 73, 3, 0, 0, 0, 0]]
+    assert rows["input_ids"].tolist() == [
+        [2, 10, 11, 12, 3, 30, 31, 3, 0, 0, 0, 0],
+        [2, 60, 3, 70, 71, 72, 73, 3, 0, 0, 0, 0],
+    ]
     assert rows["segment_ids"].tolist() == [[0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0]]
     assert rows["input_mask"].tolist() == [[1] * 8 + [0] * 4] * 2
 
@@ -215,8 +263,20 @@ def test_ascii_fast_path_identical(shared_data):
     from bertforge.data.build import encode_lines
     from bertforge.data.vocab import load_tokenizer
 
-    lines = ["Hello World, it's 1999 -- OK?", "Café crème brûlée", "tab\there", "ctrl\x07char", "UPPER lower",
-             "中文字符 and text", "naïve façade", "x" * 150, "  spaced   out  ", "Ω omega", "", "e\u0301"]
+    lines = [
+        "Hello World, it's 1999 -- OK?",
+        "Café crème brûlée",
+        "tab\there",
+        "ctrl\x07char",
+        "UPPER lower",
+        "中文字符 and text",
+        "naïve façade",
+        "x" * 150,
+        "  spaced   out  ",
+        "Ω omega",
+        "",
+        "e\u0301",
+    ]
     raw = (shared_data / "wikitext-2" / "raw" / "wiki.test.raw").read_text(encoding="utf-8").split("\n")[:400]
     for vocab, lower in (("bert-base-uncased-vocab.txt", None), ("bert-base-cased-vocab.txt", False)):
         tok = load_tokenizer(shared_data / "bert_vocab" / vocab, lower)

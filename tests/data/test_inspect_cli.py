@@ -34,8 +34,14 @@ def _nvidia_shard(path, n=50, seq=32, pred=5, seed=0):
     ids[0, 5] = 30527
     nsp = (np.arange(n) % 2).astype("i1")
     with h5py.File(path, "w") as f:
-        for name, arr in (("input_ids", ids), ("input_mask", mask), ("segment_ids", seg),
-                          ("masked_lm_positions", pos), ("masked_lm_ids", lab), ("next_sentence_labels", nsp)):
+        for name, arr in (
+            ("input_ids", ids),
+            ("input_mask", mask),
+            ("segment_ids", seg),
+            ("masked_lm_positions", pos),
+            ("masked_lm_ids", lab),
+            ("next_sentence_labels", nsp),
+        ):
             f.create_dataset(name, data=arr, dtype=arr.dtype, compression="gzip")
     return lens
 
@@ -55,7 +61,7 @@ def test_inspect_nvidia_shard(tmp_path):
 
 def test_inspect_packed_shard(tmp_path):
     # two packs: row 0 holds sequences of 5 and 3 tokens, row 1 one of 6 (DESIGN §3.3)
-    S, kmax, P = 10, 2, 4
+    S = 10
     mask = np.array([[1, 1, 1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]], np.int8)
     arrays = {
         "input_ids": np.where(mask > 0, 7, 0).astype(np.int32),
@@ -88,22 +94,98 @@ def test_cli_inspect_json_and_plot(tmp_path, capsys):
 
 
 def test_cli_chain_and_prepare(tmp_path, tiny_corpus, capsys):
-    assert main(["data", "docs", "--source", str(tiny_corpus), "--out", str(tmp_path / "docs"),
-                 "--min-doc-chars", "50", "--shards", "2", "--workers", "1"]) == 0
-    assert main(["data", "vocab", "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "vocab"),
-                 "--vocab-size", "150"]) == 0
-    assert main(["data", "shards", "--docs", str(tmp_path / "docs"), "--vocab", str(tmp_path / "vocab"),
-                 "--out", str(tmp_path / "sh"), "--seq-len", "32", "--max-pred", "5", "--dupe-factor", "2",
-                 "--shards", "2", "--dynamic-masking"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "docs",
+                "--source",
+                str(tiny_corpus),
+                "--out",
+                str(tmp_path / "docs"),
+                "--min-doc-chars",
+                "50",
+                "--shards",
+                "2",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            ["data", "vocab", "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "vocab"), "--vocab-size", "150"]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "data",
+                "shards",
+                "--docs",
+                str(tmp_path / "docs"),
+                "--vocab",
+                str(tmp_path / "vocab"),
+                "--out",
+                str(tmp_path / "sh"),
+                "--seq-len",
+                "32",
+                "--max-pred",
+                "5",
+                "--dupe-factor",
+                "2",
+                "--shards",
+                "2",
+                "--dynamic-masking",
+            ]
+        )
+        == 0
+    )
     assert [ShardSet.open(p).kind for p in list_shards(tmp_path / "sh")] == ["dynamic", "dynamic"]
-    assert main(["data", "shards", "--docs", str(tmp_path / "docs"), "--vocab", str(tmp_path / "vocab"),
-                 "--out", str(tmp_path / "bad"), "--seq-len", "4"]) == 2
+    assert (
+        main(
+            [
+                "data",
+                "shards",
+                "--docs",
+                str(tmp_path / "docs"),
+                "--vocab",
+                str(tmp_path / "vocab"),
+                "--out",
+                str(tmp_path / "bad"),
+                "--seq-len",
+                "4",
+            ]
+        )
+        == 2
+    )
     assert "seq-len" in capsys.readouterr().err
     out = tmp_path / "prep"
-    assert main(["data", "prepare", "--config", "demo", "--set", f"output_dir={out}",
-                 "--set", f"docs.source={tiny_corpus}", "--set", "docs.min_doc_chars=50",
-                 "--set", "vocab.vocab_size=150", "--set", "shards.eval_fraction=0.3",
-                 "--set", "shards.dupe_factor=2"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "prepare",
+                "--config",
+                "demo",
+                "--set",
+                f"output_dir={out}",
+                "--set",
+                f"docs.source={tiny_corpus}",
+                "--set",
+                "docs.min_doc_chars=50",
+                "--set",
+                "vocab.vocab_size=150",
+                "--set",
+                "shards.eval_fraction=0.3",
+                "--set",
+                "shards.dupe_factor=2",
+            ]
+        )
+        == 0
+    )
     assert (out / "vocab" / "vocab.txt").is_file() and (out / "vocab" / "tokenizer.json").is_file()
     assert len(list_shards(out / "shards")) == 4 and len(list_shards(out / "eval")) == 1
     man = json.loads((out / "shards" / "manifest.json").read_text())

@@ -31,9 +31,14 @@ def make_samples(n: int, S: int = 64, P: int = 10, seed: int = 0, lengths=None) 
         k = min(P, max(1, round(0.15 * length)), length - 1)
         pos[i, :k] = np.sort(rng.choice(np.arange(1, length), k, replace=False))
     mids = np.where(pos != 0, 7 * pos + np.arange(n)[:, None], 0).astype(np.int32)
-    return {"input_ids": ids, "input_mask": real.astype(np.int8), "segment_ids": seg,
-            "masked_lm_positions": pos, "masked_lm_ids": mids,
-            "next_sentence_labels": rng.integers(0, 2, n).astype(np.int8)}
+    return {
+        "input_ids": ids,
+        "input_mask": real.astype(np.int8),
+        "segment_ids": seg,
+        "masked_lm_positions": pos,
+        "masked_lm_ids": mids,
+        "next_sentence_labels": rng.integers(0, 2, n).astype(np.int8),
+    }
 
 
 @pytest.mark.parametrize("algorithm", ["spfhp", "lpfhp", "nnlshp"])
@@ -115,14 +120,17 @@ def test_packed_rows_content():
     assert np.array_equal(r["next_sentence_labels"], s["next_sentence_labels"][[0, 1, 3]])
     assert np.array_equal(r["next_sentence_weights"], [1, 1, 1])
     want_pos = np.concatenate([p[p != 0] + off for p, off in zip(s["masked_lm_positions"][[0, 1, 3]], (0, 10, 22))])
-    want_ids = np.concatenate([m[p != 0] for p, m in zip(s["masked_lm_positions"][[0, 1, 3]],
-                                                          s["masked_lm_ids"][[0, 1, 3]])])
+    want_ids = np.concatenate(
+        [m[p != 0] for p, m in zip(s["masked_lm_positions"][[0, 1, 3]], s["masked_lm_ids"][[0, 1, 3]])]
+    )
     n = len(want_pos)
     assert np.array_equal(r["masked_lm_positions"][:n], want_pos) and (r["masked_lm_positions"][n:] == 0).all()
     assert np.array_equal(r["masked_lm_ids"][:n], want_ids)
     # the masked token ids sit where the positions say
-    assert np.array_equal(r["input_ids"][want_pos], np.concatenate(
-        [s["input_ids"][i][p[p != 0]] for i, p in zip((0, 1, 3), s["masked_lm_positions"][[0, 1, 3]])]))
+    assert np.array_equal(
+        r["input_ids"][want_pos],
+        np.concatenate([s["input_ids"][i][p[p != 0]] for i, p in zip((0, 1, 3), s["masked_lm_positions"][[0, 1, 3]])]),
+    )
     assert np.array_equal(rows["next_sentence_weights"][1], [1, 0, 0])
     assert rows["input_mask"][2].max() == 1 and (rows["input_mask"][2][5:] == 0).all()
 
@@ -148,11 +156,20 @@ def test_pack_samples_on_the_fly_keeps_every_token():
     packed = pr.pack_samples(s, max_per_pack=3, algorithm="spfhp", rng=np.random.default_rng(1))
     assert len(packed["input_ids"]) < 200
     assert packed["next_sentence_weights"].sum() == 200
-    assert np.array_equal(np.sort(packed["input_ids"][packed["input_mask"] > 0]),
-                          np.sort(s["input_ids"][s["input_mask"] > 0]))
+    assert np.array_equal(
+        np.sort(packed["input_ids"][packed["input_mask"] > 0]), np.sort(s["input_ids"][s["input_mask"] > 0])
+    )
     inputs = pr.packed_model_inputs(packed)
-    assert set(inputs) == {"input_ids", "attention_mask", "token_type_ids", "position_ids", "masked_positions",
-                           "masked_labels", "nsp_positions", "nsp_labels"}
+    assert set(inputs) == {
+        "input_ids",
+        "attention_mask",
+        "token_type_ids",
+        "position_ids",
+        "masked_positions",
+        "masked_labels",
+        "nsp_positions",
+        "nsp_labels",
+    }
     w = packed["next_sentence_weights"] > 0
     assert (inputs["nsp_labels"][torch_bool(~w)] == -1).all()
 
@@ -180,8 +197,15 @@ def sequences_of_unpacked(s):
     for i in range(len(s["input_ids"])):
         n = int(s["input_mask"][i].sum())
         p = s["masked_lm_positions"][i]
-        out.append((tuple(s["input_ids"][i, :n]), tuple(s["segment_ids"][i, :n]), tuple(p[p != 0]),
-                    tuple(s["masked_lm_ids"][i][p != 0]), int(s["next_sentence_labels"][i])))
+        out.append(
+            (
+                tuple(s["input_ids"][i, :n]),
+                tuple(s["segment_ids"][i, :n]),
+                tuple(p[p != 0]),
+                tuple(s["masked_lm_ids"][i][p != 0]),
+                int(s["next_sentence_labels"][i]),
+            )
+        )
     return sorted(out)
 
 
@@ -196,9 +220,15 @@ def sequences_of_packed(rows):
             sl = np.flatnonzero(mask == k + 1)
             assert sl[0] == off and np.array_equal(rows["positions"][r, sl], np.arange(len(sl)))
             mine = (pos >= sl[0]) & (pos <= sl[-1]) & (pos != 0)
-            out.append((tuple(rows["input_ids"][r, sl]), tuple(rows["segment_ids"][r, sl]),
-                        tuple(pos[mine] - off), tuple(rows["masked_lm_ids"][r][mine]),
-                        int(rows["next_sentence_labels"][r, k])))
+            out.append(
+                (
+                    tuple(rows["input_ids"][r, sl]),
+                    tuple(rows["segment_ids"][r, sl]),
+                    tuple(pos[mine] - off),
+                    tuple(rows["masked_lm_ids"][r][mine]),
+                    int(rows["next_sentence_labels"][r, k]),
+                )
+            )
     return sorted(out)
 
 
@@ -284,8 +314,21 @@ def test_cli(tmp_path, capsys):
     from bertforge.data.shards import write_manifest
 
     write_manifest(tmp_path / "in", {"vocab": "/some/vocab.txt", "vocab_size": 123, "tokens": 5})
-    rc = main(["pack", "--in", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--algorithm", "nnlshp",
-               "--max-per-pack", "2", "--seed", "3"])
+    rc = main(
+        [
+            "pack",
+            "--in",
+            str(tmp_path / "in"),
+            "--out",
+            str(tmp_path / "out"),
+            "--algorithm",
+            "nnlshp",
+            "--max-per-pack",
+            "2",
+            "--seed",
+            "3",
+        ]
+    )
     assert rc == 0
     assert "sequences in" in capsys.readouterr().out
     meta = json.loads((tmp_path / "out" / pk.METADATA).read_text())

@@ -28,8 +28,14 @@ def samples(lengths, seed=0):
         k = min(P, max(1, round(0.15 * length)), length - 1)
         pos[i, :k] = np.sort(rng.choice(np.arange(1, length), k, replace=False))
     labels = np.where(pos != 0, rng.integers(5, V, (n, P)), 0).astype(np.int32)
-    return {"input_ids": ids, "input_mask": real.astype(np.int8), "segment_ids": seg, "masked_lm_positions": pos,
-            "masked_lm_ids": labels, "next_sentence_labels": rng.integers(0, 2, n).astype(np.int8)}
+    return {
+        "input_ids": ids,
+        "input_mask": real.astype(np.int8),
+        "segment_ids": seg,
+        "masked_lm_positions": pos,
+        "masked_lm_ids": labels,
+        "next_sentence_labels": rng.integers(0, 2, n).astype(np.int8),
+    }
 
 
 def loss_and_grads(model, inputs):
@@ -42,8 +48,9 @@ def loss_and_grads(model, inputs):
 
 def model_for(attention):
     torch.manual_seed(0)
-    cfg = BertConfig.from_preset("tiny", vocab_size=V, max_position_embeddings=S, hidden_dropout_prob=0.0,
-                                 attention_probs_dropout_prob=0.0)
+    cfg = BertConfig.from_preset(
+        "tiny", vocab_size=V, max_position_embeddings=S, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     return build_model(cfg, "pretraining", attention=attention).float()
 
 
@@ -74,7 +81,9 @@ def test_packed_equals_unpacked(case, attention):
     torch.testing.assert_close(got.nsp_loss, ref.nsp_loss, atol=1e-5, rtol=1e-5)
     assert set(got_g) == set(ref_g) and len(ref_g) == len(list(model.parameters()))
     for name in ref_g:
-        torch.testing.assert_close(got_g[name], ref_g[name], atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            got_g[name], ref_g[name], atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("algorithm", ["spfhp", "lpfhp", "nnlshp"])
@@ -88,7 +97,9 @@ def test_packed_equals_unpacked_through_the_algorithms(algorithm):
     got, got_g = loss_and_grads(model, pr.packed_model_inputs(rows))
     torch.testing.assert_close(got.loss, ref.loss, atol=1e-5, rtol=1e-5)
     for name in ref_g:
-        torch.testing.assert_close(got_g[name], ref_g[name], atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            got_g[name], ref_g[name], atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_cross_contamination_would_be_caught():

@@ -113,8 +113,9 @@ def _seq(length, a_len):
     return np.concatenate([[101], body[:a_len], [102], body[a_len:], [102]]).astype(np.int32)
 
 
-@pytest.mark.parametrize("length,max_pred", [(8, 20), (10, 20), (20, 20), (33, 20), (50, 20), (128, 20), (200, 20),
-                                             (300, 80), (512, 80)])
+@pytest.mark.parametrize(
+    "length,max_pred", [(8, 20), (10, 20), (20, 20), (33, 20), (50, 20), (128, 20), (200, 20), (300, 80), (512, 80)]
+)
 def test_masked_count_exact(length, max_pred):
     rng = np.random.default_rng(length)
     for _ in range(20):

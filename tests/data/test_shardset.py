@@ -16,9 +16,14 @@ from bertforge.errors import UserError
 
 def _nvidia(n: int = 6, S: int = 16, P: int = 4) -> dict[str, np.ndarray]:
     ids = np.arange(n * S, dtype=np.int32).reshape(n, S) % 50 + 1
-    return {"input_ids": ids, "input_mask": np.ones((n, S), np.int8), "segment_ids": np.zeros((n, S), np.int8),
-            "masked_lm_positions": np.tile(np.arange(1, P + 1, dtype=np.int32), (n, 1)),
-            "masked_lm_ids": np.ones((n, P), np.int32), "next_sentence_labels": np.zeros(n, np.int8)}
+    return {
+        "input_ids": ids,
+        "input_mask": np.ones((n, S), np.int8),
+        "segment_ids": np.zeros((n, S), np.int8),
+        "masked_lm_positions": np.tile(np.arange(1, P + 1, dtype=np.int32), (n, 1)),
+        "masked_lm_ids": np.ones((n, P), np.int32),
+        "next_sentence_labels": np.zeros(n, np.int8),
+    }
 
 
 def _dynamic(n: int = 6, S: int = 16) -> dict[str, np.ndarray]:
@@ -29,8 +34,12 @@ def _dynamic(n: int = 6, S: int = 16) -> dict[str, np.ndarray]:
 
 def _packed(n: int = 4, S: int = 16, K: int = 3) -> dict[str, np.ndarray]:
     a = _nvidia(n, S, 6)
-    a.update(positions=np.zeros((n, S), np.int32), next_sentence_positions=np.zeros((n, K), np.int32),
-             next_sentence_labels=np.zeros((n, K), np.int8), next_sentence_weights=np.ones((n, K), np.int8))
+    a.update(
+        positions=np.zeros((n, S), np.int32),
+        next_sentence_positions=np.zeros((n, K), np.int32),
+        next_sentence_labels=np.zeros((n, K), np.int8),
+        next_sentence_weights=np.ones((n, K), np.int8),
+    )
     return a
 
 
@@ -45,8 +54,14 @@ def test_kinds_schema_keys_and_facts(tmp_path):
     nv = ShardSet.open(_dir(tmp_path, "nv", _nvidia()))
     assert (nv.kind, nv.keys, nv.rows, nv.seq_len, nv.max_pred) == ("nvidia", NVIDIA_KEYS, 12, 16, 4)
     assert nv.vocab_size is None and nv.vocab_file is None and nv.avg_seq_per_sample == 1.0
-    dyn = ShardSet.open(_dir(tmp_path, "dyn", _dynamic(), attrs={"bertforge_kind": "dynamic", "max_pred": 3,
-                                                                 "vocab_size": 77, "mask_id": 5, "wwm": True}))
+    dyn = ShardSet.open(
+        _dir(
+            tmp_path,
+            "dyn",
+            _dynamic(),
+            attrs={"bertforge_kind": "dynamic", "max_pred": 3, "vocab_size": 77, "mask_id": 5, "wwm": True},
+        )
+    )
     assert (dyn.kind, dyn.max_pred, dyn.vocab_size) == ("dynamic", 3, 77)
     assert dyn.masking_params() == {"max_pred": 3, "mask_id": 5, "wwm": True} and nv.masking_params() == {}
     pd = _dir(tmp_path, "pk", _packed())

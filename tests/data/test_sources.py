@@ -1,4 +1,5 @@
-"""Corpus readers and document cleaning: Wikipedia dumps (fixture + shared sample), WikiExtractor, text, hf:, builtin."""
+"""Corpus readers and document cleaning: Wikipedia dumps (fixture + shared sample), WikiExtractor, text, hf:,
+builtin."""
 
 from __future__ import annotations
 
@@ -17,15 +18,19 @@ NS = "http://www.mediawiki.org/xml/export-0.10/"
 
 def _page(title, ns, text, redirect=False):
     red = f'<redirect title="{title} target" />' if redirect else ""
-    return (f"<page><title>{title}</title><ns>{ns}</ns><id>1</id>{red}<revision><id>2</id>"
-            f'<text xml:space="preserve">{text}</text></revision></page>')
+    return (
+        f"<page><title>{title}</title><ns>{ns}</ns><id>1</id>{red}<revision><id>2</id>"
+        f'<text xml:space="preserve">{text}</text></revision></page>'
+    )
 
 
 ARTICLE = """{{Infobox river|name=Testriver|length=100 km}}
-'''Testriver''' is a river in the [[Example Valley|valley of examples]]. It flows north.&lt;ref&gt;{{cite web|url=http://x|title=Source title}}&lt;/ref&gt; Its water is cold.
+'''Testriver''' is a river in the [[Example Valley|valley of examples]]. It flows north.&lt;ref&gt;\
+{{cite web|url=http://x|title=Source title}}&lt;/ref&gt; Its water is cold.
 
 == History ==
-The river was named in 1850 by a surveyor.&lt;ref name="a"&gt;Reference text here.&lt;/ref&gt; The name means &lt;b&gt;cold water&lt;/b&gt; in the local language.
+The river was named in 1850 by a surveyor.&lt;ref name="a"&gt;Reference text here.&lt;/ref&gt;\
+ The name means &lt;b&gt;cold water&lt;/b&gt; in the local language.
 * Settlers arrived in 1870 and built mills.
 * A bridge opened in 1901.
 
@@ -43,12 +48,14 @@ The river was named in 1850 by a surveyor.&lt;ref name="a"&gt;Reference text her
 
 
 def _dump(path, compress=True):
-    body = (f'<mediawiki xmlns="{NS}" version="0.10"><siteinfo><sitename>Test</sitename></siteinfo>'
-            + _page("Testriver", 0, ARTICLE)
-            + _page("Old river", 0, "#REDIRECT [[Testriver]]", redirect=True)
-            + _page("Talk:Testriver", 1, "This talk page should never appear in the output at all. " * 5)
-            + _page("Second", 0, "A second article about lakes. Lakes are calm and deep. " * 6)
-            + "</mediawiki>")
+    body = (
+        f'<mediawiki xmlns="{NS}" version="0.10"><siteinfo><sitename>Test</sitename></siteinfo>'
+        + _page("Testriver", 0, ARTICLE)
+        + _page("Old river", 0, "#REDIRECT [[Testriver]]", redirect=True)
+        + _page("Talk:Testriver", 1, "This talk page should never appear in the output at all. " * 5)
+        + _page("Second", 0, "A second article about lakes. Lakes are calm and deep. " * 6)
+        + "</mediawiki>"
+    )
     data = body.encode("utf-8")
     path.write_bytes(bz2.compress(data) if compress else data)
     return path
@@ -59,12 +66,35 @@ def test_wiki_dump_fixture(tmp_path):
     pages = list(sources.iter_wiki_dump(dump))
     assert [t for t, _ in pages] == ["Testriver", "Second"]  # ns 0 only, redirect skipped
     text = sources.wikitext_to_text(pages[0][1])
-    for good in ("Testriver is a river in the valley of examples.", "It flows north.", "Its water is cold.",
-                 "cold water"):
+    for good in (
+        "Testriver is a river in the valley of examples.",
+        "It flows north.",
+        "Its water is cold.",
+        "cold water",
+    ):
         assert good in text
     # list items are dropped, as WikiExtractor and the BERT paper do (the mwparserfromhell cleaner kept them)
-    for bad in ("{{", "}}", "[[", "]]", "<ref", "Reference text", "Source title", "History", "==", "wikitable",
-                "1900", "thumb", "Category", "Testfluss", "hidden comment", "'''", "<b>", "*", "Settlers arrived"):
+    for bad in (
+        "{{",
+        "}}",
+        "[[",
+        "]]",
+        "<ref",
+        "Reference text",
+        "Source title",
+        "History",
+        "==",
+        "wikitable",
+        "1900",
+        "thumb",
+        "Category",
+        "Testfluss",
+        "hidden comment",
+        "'''",
+        "<b>",
+        "*",
+        "Settlers arrived",
+    ):
         assert bad not in text, bad
     res = run_wiki(dump, tmp_path / "docs", num_shards=2, min_doc_chars=20, workers=2, log=lambda *a: None)
     assert res["documents"] == 2
@@ -113,23 +143,33 @@ def test_wikiextractor_dir(shared_data, tmp_path):
     (tmp_path / "AA").mkdir()
     (tmp_path / "AA" / "wiki_00").write_text(
         '<doc id="1" url="u" title="Alpha">\nAlpha\n\nAlpha is a letter. It comes first.\n</doc>\n'
-        '<doc id="2" url="u" title="Beta">\nBeta\n\nBeta is second.\n</doc>\n')
-    assert list(sources.iter_source(str(tmp_path))) == [("Alpha", "\nAlpha is a letter. It comes first.\n"),
-                                                        ("Beta", "\nBeta is second.\n")]
+        '<doc id="2" url="u" title="Beta">\nBeta\n\nBeta is second.\n</doc>\n'
+    )
+    assert list(sources.iter_source(str(tmp_path))) == [
+        ("Alpha", "\nAlpha is a letter. It comes first.\n"),
+        ("Beta", "\nBeta is second.\n"),
+    ]
 
 
 def test_text_files_wikitext_and_cleaning(tmp_path):
     (tmp_path / "a.txt").write_text("First doc line one.\nLine two.\n\n\nSecond doc.\n")
-    assert [t for _, t in sources.iter_source(str(tmp_path / "a.txt"))] == ["First doc line one.\nLine two.\n",
-                                                                           "Second doc.\n"]
+    assert [t for _, t in sources.iter_source(str(tmp_path / "a.txt"))] == [
+        "First doc line one.\nLine two.\n",
+        "Second doc.\n",
+    ]
     assert len(list(sources.iter_source(str(tmp_path / "*.txt"), one_doc_per_file=True))) == 1
-    (tmp_path / "w.raw").write_text(" \n = Alpha = \n \n Alpha is a role @-@ playing game . It sold well . \n \n"
-                                    " = = Reception = = \n \n Critics liked it . \n \n = Beta = \n \n Beta text . \n")
+    (tmp_path / "w.raw").write_text(
+        " \n = Alpha = \n \n Alpha is a role @-@ playing game . It sold well . \n \n"
+        " = = Reception = = \n \n Critics liked it . \n \n = Beta = \n \n Beta text . \n"
+    )
     docs = list(sources.iter_source(str(tmp_path / "w.raw")))
     assert [t for t, _ in docs] == ["Alpha", "Beta"]
     assert "role-playing" in docs[0][1] and "Reception" not in docs[0][1] and "Critics liked it" in docs[0][1]
     assert clean_document("Hello\u00a0  world.\x07 Second  sentence here.\n\nNew para.") == [
-        "Hello world.", "Second sentence here.", "New para."]
+        "Hello world.",
+        "Second sentence here.",
+        "New para.",
+    ]
     (tmp_path / "bad.txt").write_bytes(b"ok line\n\xff\xfe broken\n")
     with pytest.raises(UserError, match="bad.txt.*UTF-8"):
         run_docs(str(tmp_path / "bad.txt"), tmp_path / "o", workers=1, log=lambda *a: None)
@@ -179,8 +219,25 @@ def test_cli_wiki_and_vocab_from(tmp_path, shared_data, capsys):
     from bertforge.cli import main
 
     dump = _dump(tmp_path / "t.xml.bz2")
-    assert main(["data", "wiki", "--dump", str(dump), "--out", str(tmp_path / "docs"), "--min-doc-chars", "20",
-                 "--shards", "1", "--workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "wiki",
+                "--dump",
+                str(dump),
+                "--out",
+                str(tmp_path / "docs"),
+                "--min-doc-chars",
+                "20",
+                "--shards",
+                "1",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "It flows north." in (tmp_path / "docs" / "docs_0.txt").read_text()
     assert main(["data", "wiki", "--dump", str(tmp_path / "nope.xml.bz2"), "--out", str(tmp_path / "d2")]) == 2
     assert "nope.xml.bz2 does not exist" in capsys.readouterr().err

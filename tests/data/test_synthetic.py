@@ -31,8 +31,18 @@ def _make_shards():
 
 
 def _loader(**kw) -> syn.SyntheticLoader:
-    args = dict(seq_len=64, max_pred=10, vocab_size=30522, global_batch=8, micro_batch=8, rank=0, world_size=1,
-                seed=3, histogram="wiki", pack=0)
+    args = dict(
+        seq_len=64,
+        max_pred=10,
+        vocab_size=30522,
+        global_batch=8,
+        micro_batch=8,
+        rank=0,
+        world_size=1,
+        seed=3,
+        histogram="wiki",
+        pack=0,
+    )
     args.update(kw)
     return syn.SyntheticLoader(**args)
 
@@ -48,8 +58,7 @@ def test_keys_dtypes_and_shapes_equal_the_real_loaders(tmp_path):
     pk.pack_shards(pk.PackConfig(str(shards), str(tmp_path / "packed"), max_per_pack=3), log=lambda m: None)
     for directory, pack in ((shards, 0), (tmp_path / "packed", 3)):
         real = next(PretrainLoader.from_dir(directory, 4, 4, 0, 1, seed=0, num_workers=0).iterate())
-        ours = next(_loader(seq_len=32, max_pred=5, vocab_size=64, global_batch=4, micro_batch=4,
-                            pack=pack).iterate())
+        ours = next(_loader(seq_len=32, max_pred=5, vocab_size=64, global_batch=4, micro_batch=4, pack=pack).iterate())
         assert ours.keys() == real.keys()
         for k in real:
             assert ours[k].dtype == real[k].dtype == torch.int64 and ours[k].device.type == "cpu"
@@ -80,13 +89,13 @@ def _check_unpacked_row(ids, mask, seg, pos, lab, nsp, vocab_size, max_pred):
     L = int(mask.sum())
     assert mask[:L].all() and not mask[L:].any() and (ids[L:] == t.pad).all()
     sep1 = int(((seg == 0) & (mask == 1)).sum()) - 1  # segment 0: [CLS] A [SEP]
-    assert 2 <= sep1 <= L - 3 and (seg[sep1 + 1:L] == 1).all() and not seg[L:].any()
+    assert 2 <= sep1 <= L - 3 and (seg[sep1 + 1 : L] == 1).all() and not seg[L:].any()
     assert ids[0] == t.cls and ids[sep1] == t.sep and ids[L - 1] == t.sep
     real = pos[pos != 0]
-    assert (pos[len(real):] == 0).all() and (np.diff(real) > 0).all()  # sorted, empty slots last
+    assert (pos[len(real) :] == 0).all() and (np.diff(real) > 0).all()  # sorted, empty slots last
     assert len(real) == num_to_predict(L, max_pred, 0.15)  # Google: min(max_pred, max(1, round(0.15 L)))
     assert not set(real.tolist()) & {0, sep1, L - 1} and real.max() < L
-    assert (lab[: len(real)] >= t.first_word).all() and (lab[len(real):] == 0).all()
+    assert (lab[: len(real)] >= t.first_word).all() and (lab[len(real) :] == 0).all()
     assert nsp in (0, 1)
 
 
@@ -94,8 +103,17 @@ def _check_unpacked_row(ids, mask, seg, pos, lab, nsp, vocab_size, max_pred):
 def test_unpacked_rows_are_well_formed(vocab_size):
     lo = _loader(vocab_size=vocab_size, micro_batch=64, global_batch=64)
     for b in _batches(lo, 3):
-        cols = [b[k].numpy() for k in ("input_ids", "attention_mask", "token_type_ids", "masked_positions",
-                                       "masked_labels", "nsp_labels")]
+        cols = [
+            b[k].numpy()
+            for k in (
+                "input_ids",
+                "attention_mask",
+                "token_type_ids",
+                "masked_positions",
+                "masked_labels",
+                "nsp_labels",
+            )
+        ]
         for row in zip(*cols):
             _check_unpacked_row(*row, vocab_size, 10)
 
@@ -158,8 +176,9 @@ def _sequence(b: dict[str, torch.Tensor], r: int, j: int, width: int) -> tuple:
 
 
 def test_packed_rows_follow_the_packed_schema():
-    lo = _loader(seq_len=128, max_pred=20, micro_batch=64, global_batch=64, pack=3,
-                 histogram=[[20, 1], [60, 1], [128, 1]])
+    lo = _loader(
+        seq_len=128, max_pred=20, micro_batch=64, global_batch=64, pack=3, histogram=[[20, 1], [60, 1], [128, 1]]
+    )
     seqs = 0
     for b in _batches(lo, 2):
         for r in range(64):
@@ -172,19 +191,20 @@ def test_packed_rows_follow_the_packed_schema():
             assert (mask[:n_real] > 0).all() and not mask[n_real:].any()  # sequences 1..k, then padding
             assert (nsp[:k] >= 0).all() and (nsp[k:] == -1).all()  # empty NSP slots: -1
             real = pos[pos != 0]
-            assert (np.diff(real) > 0).all() and (pos[len(real):] == 0).all()
+            assert (np.diff(real) > 0).all() and (pos[len(real) :] == 0).all()
             for j in range(1, k + 1):
                 ids, ones, seg, own_pos, own_lab = _sequence(b, r, j, lo.max_pred)
                 start = int(np.flatnonzero(mask == j)[0])
                 assert len(ids) in (20, 60, 128) and nsp_pos[j - 1] == start  # nsp_positions at each [CLS]
-                assert (pid[start:start + len(ids)] == np.arange(len(ids))).all()  # positions restart at 0
+                assert (pid[start : start + len(ids)] == np.arange(len(ids))).all()  # positions restart at 0
                 _check_unpacked_row(ids, ones, seg, own_pos, own_lab, nsp[j - 1], 30522, 20)
             seqs += k
     assert seqs / 128 == pytest.approx(lo.avg_seq_per_sample, rel=0.25)
 
 
-@pytest.mark.parametrize("seq_len, k, histogram", [(512, 3, "wiki"), (64, 5, [[5, 1], [9, 2], [30, 1], [64, 1]]),
-                                                   (32, 1, "wiki")])
+@pytest.mark.parametrize(
+    "seq_len, k, histogram", [(512, 3, "wiki"), (64, 5, [[5, 1], [9, 2], [30, 1], [64, 1]]), (32, 1, "wiki")]
+)
 def test_pack_in_order_equals_build_packed_rows(seq_len, k, histogram):
     plan = syn.pack_plan(seq_len, syn._hashable(histogram), k, 10)
     rng = np.random.default_rng(k)
@@ -214,7 +234,7 @@ def test_exact_resume(pack, workers):
     full = _batches(lo, 5 * lo.accum)
     lo.num_workers = workers  # worker processes hand the same batches out in the same order
     resumed = _batches(lo, 2 * lo.accum, start=3)
-    for a, b in zip(full[3 * lo.accum:], resumed):
+    for a, b in zip(full[3 * lo.accum :], resumed):
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(full[0]["input_ids"], full[1]["input_ids"])
 
@@ -223,8 +243,8 @@ def test_update_data_does_not_depend_on_world_size():
     one = _batches(_loader(global_batch=8, micro_batch=2, world_size=1), 8)  # accum 4: 2 updates
     ranks = [_batches(_loader(global_batch=8, micro_batch=2, world_size=2, rank=r), 4) for r in (0, 1)]  # accum 2
     for update in range(2):
-        two = ranks[0][2 * update:2 * update + 2] + ranks[1][2 * update:2 * update + 2]
-        for a, b in zip(one[4 * update:4 * update + 4], two):
+        two = ranks[0][2 * update : 2 * update + 2] + ranks[1][2 * update : 2 * update + 2]
+        for a, b in zip(one[4 * update : 4 * update + 4], two):
             assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(one[0]["input_ids"], one[1]["input_ids"])  # lanes differ
     assert not torch.equal(_loader(seed=4).batch(0, 0)["input_ids"], _loader(seed=3).batch(0, 0)["input_ids"])
@@ -249,18 +269,33 @@ def test_config_keys_and_loader_for():
     from bertforge.config import build_config
     from bertforge.train.config import PretrainConfig
 
-    cfg = build_config(PretrainConfig, {}, ["data.input_dir=synthetic", "data.synthetic_seq_len=512",
-                                            "data.synthetic_max_pred=80", "data.synthetic_pack=3"])
+    cfg = build_config(
+        PretrainConfig,
+        {},
+        [
+            "data.input_dir=synthetic",
+            "data.synthetic_seq_len=512",
+            "data.synthetic_max_pred=80",
+            "data.synthetic_pack=3",
+        ],
+    )
     assert cfg.data.synthetic and cfg.data.synthetic_histogram == "wiki" and cfg.data.synthetic_vocab_size == 30522
     lo = syn.loader_for(cfg.data, global_batch=256, micro_batch=8, rank=0, world_size=1, seed=1)
     assert lo.kind == "synthetic-packed" and lo.accum == round(256 / lo.avg_seq_per_sample / 8)
     assert lo.num_workers == cfg.data.num_workers and lo.prefetch == cfg.data.prefetch
     assert syn.loader_for(SimpleNamespace(**{**vars(cfg.data), "synthetic_pack": 0}), 256, 8, 0, 1, 1).accum == 32
-    custom = build_config(PretrainConfig, {"data": {"input_dir": "synthetic", "synthetic_histogram": [[64, 1]],
-                                                    "synthetic_seq_len": 64}})
+    custom = build_config(
+        PretrainConfig, {"data": {"input_dir": "synthetic", "synthetic_histogram": [[64, 1]], "synthetic_seq_len": 64}}
+    )
     assert syn.loader_for(custom.data, 8, 8, 0, 1, 0).batch(0, 0)["attention_mask"].sum() == 8 * 64
-    for bad in (["data.synthetic_histogram=zipf"], ["data.synthetic_pack=-1"], ["data.synthetic_max_pred=200"],
-                ["data.synthetic_vocab_size=8"], ["data.synthetic_seq_len=4"],
-                ["data.synthetic_pack_algorithm=best"], ["data.input_dir=synthetic", "data.pack_per_row=3"]):
+    for bad in (
+        ["data.synthetic_histogram=zipf"],
+        ["data.synthetic_pack=-1"],
+        ["data.synthetic_max_pred=200"],
+        ["data.synthetic_vocab_size=8"],
+        ["data.synthetic_seq_len=4"],
+        ["data.synthetic_pack_algorithm=best"],
+        ["data.input_dir=synthetic", "data.pack_per_row=3"],
+    ):
         with pytest.raises(ConfigError):
             build_config(PretrainConfig, {}, bad)

@@ -13,6 +13,7 @@ Apart from those, the documents must be the same sentences in the same order; th
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
 
@@ -22,8 +23,25 @@ from bertforge.data.wikiclean import clean_wikitext
 
 # the cleaner bertforge used before wikiclean (src/bertforge/data/sources.py at 88eddb4), kept as the reference
 _DROP_TAGS = {
-    "ref", "references", "table", "gallery", "math", "chem", "score", "timeline", "graph", "imagemap",
-    "syntaxhighlight", "source", "pre", "code", "hiero", "mapframe", "templatedata", "noinclude", "includeonly",
+    "ref",
+    "references",
+    "table",
+    "gallery",
+    "math",
+    "chem",
+    "score",
+    "timeline",
+    "graph",
+    "imagemap",
+    "syntaxhighlight",
+    "source",
+    "pre",
+    "code",
+    "hiero",
+    "mapframe",
+    "templatedata",
+    "noinclude",
+    "includeonly",
 }
 _DROP_LINK_PREFIXES = ("file:", "image:", "category:", "media:", "wikt:", ":category:")
 _INTERWIKI = re.compile(r"^[a-z]{2,3}(-[a-z]+)?:")
@@ -38,9 +56,12 @@ def _old_drop(node, drop_prefixes) -> bool:
         return str(node.tag).strip().lower() in _DROP_TAGS
     if kind == "Wikilink":
         title = str(node.title).strip().lower()
-        return (title.startswith(_DROP_LINK_PREFIXES) or bool(_INTERWIKI.match(title))
-                or (bool(drop_prefixes) and title.lstrip(":").startswith(drop_prefixes))
-                or bool(_MEDIA_FILE.search(title)))
+        return (
+            title.startswith(_DROP_LINK_PREFIXES)
+            or bool(_INTERWIKI.match(title))
+            or (bool(drop_prefixes) and title.lstrip(":").startswith(drop_prefixes))
+            or bool(_MEDIA_FILE.search(title))
+        )
     return False
 
 
@@ -50,10 +71,8 @@ def old_wikitext_to_text(wikitext: str, drop_prefixes: tuple[str, ...] = ()) -> 
     code = mwparserfromhell.parse(wikitext)
     for node in code.filter(recursive=True):
         if _old_drop(node, drop_prefixes):
-            try:
+            with contextlib.suppress(ValueError):  # inside a node that was already removed
                 code.remove(node)
-            except ValueError:  # inside a node that was already removed
-                pass
     text = code.strip_code(normalize=True, collapse=True, keep_template_params=False)
     paras = []
     for line in text.split("\n"):

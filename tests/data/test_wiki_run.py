@@ -17,26 +17,33 @@ import pytest
 
 from bertforge.data import documents, wikidump
 
-SITEINFO = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">\n'
-            "<siteinfo><sitename>Test</sitename><namespaces><namespace key=\"0\" case=\"first-letter\" />"
-            '<namespace key="1" case="first-letter">Talk</namespace>'
-            '<namespace key="6" case="first-letter">Datei</namespace></namespaces></siteinfo>\n')
+SITEINFO = (
+    '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">\n'
+    '<siteinfo><sitename>Test</sitename><namespaces><namespace key="0" case="first-letter" />'
+    '<namespace key="1" case="first-letter">Talk</namespace>'
+    '<namespace key="6" case="first-letter">Datei</namespace></namespaces></siteinfo>\n'
+)
 
 
 def _page(i: int) -> str:
     """Page i: mostly articles; every 7th a redirect, a talk page, or a stub shorter than 200 characters."""
     kind = i % 7
     title, ns, redirect = f"Page {i}", 0, ""
-    text = (f"'''Page {i}''' is about [[topic {i}|topic number {i}]].{{{{cite|x={{{{y}}}}}}}} "
-            + f"Sentence {i} has prose in it. " * 12 + f"[[Datei:P{i}.jpg|thumb|cap]]\n== Notes ==\nEnd {i}.")
+    text = (
+        f"'''Page {i}''' is about [[topic {i}|topic number {i}]].{{{{cite|x={{{{y}}}}}}}} "
+        + f"Sentence {i} has prose in it. " * 12
+        + f"[[Datei:P{i}.jpg|thumb|cap]]\n== Notes ==\nEnd {i}."
+    )
     if kind == 3:
         title, text, redirect = f"Old {i}", "#REDIRECT [[Page 1]]", '<redirect title="Page 1" />'
     elif kind == 5:
         title, ns = f"Talk:Page {i}", 1
     elif kind == 6:
         text = "Too short."
-    return (f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{ns}</ns>\n    <id>{i + 1}</id>\n    {redirect}"
-            f"<revision><id>{i + 100}</id><text xml:space=\"preserve\">{escape(text)}</text></revision>\n  </page>\n")
+    return (
+        f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{ns}</ns>\n    <id>{i + 1}</id>\n    {redirect}"
+        f'<revision><id>{i + 100}</id><text xml:space="preserve">{escape(text)}</text></revision>\n  </page>\n'
+    )
 
 
 def make_dumps(root: Path, n: int, per_stream: int = 10) -> tuple[Path, Path]:
@@ -51,7 +58,7 @@ def make_dumps(root: Path, n: int, per_stream: int = 10) -> tuple[Path, Path]:
         for s in range(0, n, per_stream):
             offset = f.tell()
             index += [f"{offset}:{i + 1}:Page {i}" for i in range(s, min(s + per_stream, n))]
-            f.write(bz2.compress("".join(pages[s:s + per_stream]).encode()))
+            f.write(bz2.compress("".join(pages[s : s + per_stream]).encode()))
         f.write(bz2.compress(b"</mediawiki>\n"))
     (root / "test-pages-articles-multistream-index.txt.bz2").write_bytes(bz2.compress("\n".join(index).encode()))
     return plain, multi
@@ -70,7 +77,12 @@ def test_plain_and_multistream_same_documents_and_counts(tmp_path):
     assert a["parts"] > 5 and b["parts"] > 1  # really cut into chunks
     for m in (a, b):
         assert (m["pages"], m["redirects"], m["other_namespaces"], m["dropped_short"], m["documents"]) == (
-            70, 10, 10, 10, 40)
+            70,
+            10,
+            10,
+            10,
+            40,
+        )
     text = "".join(_docs(tmp_path / "a"))
     assert "Page 0 is about topic number 0." in text and "End 0." in text
     for leak in ("{{", "[[", "Datei", "thumb", "Notes", "'''", "Too short", "talk"):
@@ -95,8 +107,11 @@ def test_summary_logged(tmp_path):
     plain, _ = make_dumps(tmp_path, 14)
     lines = []
     documents.run_wiki(plain, tmp_path / "o", num_shards=1, workers=1, log=lines.append)
-    assert any("14 pages: 8 documents kept, 2 redirects and 2 pages of other namespaces skipped, 2 articles "
-               "dropped as shorter than 200 characters" in ln for ln in lines), lines
+    assert any(
+        "14 pages: 8 documents kept, 2 redirects and 2 pages of other namespaces skipped, 2 articles "
+        "dropped as shorter than 200 characters" in ln
+        for ln in lines
+    ), lines
 
 
 _KILLABLE = """
@@ -114,12 +129,12 @@ D.run_wiki(sys.argv[1], sys.argv[2], num_shards=3, workers=2, chunk_bytes=3000, 
 
 def test_sigkill_then_rerun_gives_the_same_documents(tmp_path, monkeypatch):
     plain, _ = make_dumps(tmp_path, 140)
-    whole = documents.run_wiki(plain, tmp_path / "whole", num_shards=3, workers=2, chunk_bytes=3000,
-                               log=lambda *_: None)
+    whole = documents.run_wiki(
+        plain, tmp_path / "whole", num_shards=3, workers=2, chunk_bytes=3000, log=lambda *_: None
+    )
     out = tmp_path / "killed"
     env = dict(os.environ, PYTHONPATH=str(Path(documents.__file__).parents[2]))
-    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(plain), str(out)], env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(plain), str(out)], env=env, start_new_session=True)
     deadline = time.time() + 60
     while len(list((out / "parts").glob("part_*.txt"))) < 4 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -135,8 +150,9 @@ def test_sigkill_then_rerun_gives_the_same_documents(tmp_path, monkeypatch):
     again = documents.run_wiki(plain, out, num_shards=3, workers=1, chunk_bytes=3000, log=lambda *_: None)
     assert len(redone) == whole["parts"] - len(kept)  # the complete parts were kept, not redone
     assert _docs(out) == _docs(tmp_path / "whole")
-    assert {k: again[k] for k in ("documents", "pages", "chars")} == {k: whole[k] for k in ("documents", "pages",
-                                                                                             "chars")}
+    assert {k: again[k] for k in ("documents", "pages", "chars")} == {
+        k: whole[k] for k in ("documents", "pages", "chars")
+    }
 
 
 def test_cut_off_dump_keeps_complete_pages(shared_data, tmp_path):
@@ -152,8 +168,9 @@ def test_cut_off_dump_keeps_complete_pages(shared_data, tmp_path):
 def test_settings_change_rebuilds(tmp_path):
     plain, _ = make_dumps(tmp_path, 14)
     documents.run_wiki(plain, tmp_path / "o", num_shards=1, workers=1, log=lambda *_: None)
-    with_headings = documents.run_wiki(plain, tmp_path / "o", num_shards=1, workers=1, headings=True,
-                                       log=lambda *_: None)
+    with_headings = documents.run_wiki(
+        plain, tmp_path / "o", num_shards=1, workers=1, headings=True, log=lambda *_: None
+    )
     assert with_headings["settings"]["headings"] is True
     assert "Notes." in (tmp_path / "o" / "docs_0.txt").read_text()
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["settings"]["cleaner"] == documents.CLEANER

@@ -68,9 +68,22 @@ def test_sections_are_the_shared_ones_with_finetuning_defaults():
     assert isinstance(cfg.train, TrainConfig) and isinstance(cfg.optim, OptimConfig)
     t, o = cfg.train, cfg.optim
     assert (t.max_steps, t.global_batch_size, t.micro_batch_size, t.seed, t.output_dir, t.log_every) == (
-        0, 32, 32, 42, "runs/finetune", 20)
+        0,
+        32,
+        32,
+        42,
+        "runs/finetune",
+        20,
+    )
     assert (o.name, o.lr, o.warmup, o.schedule, o.eps, o.weight_decay, o.max_grad_norm) == (
-        "adamw", 2e-5, 0.1, "linear", 1e-6, 0.01, 1.0)
+        "adamw",
+        2e-5,
+        0.1,
+        "linear",
+        1e-6,
+        0.01,
+        1.0,
+    )
     assert cfg.model.hidden_dropout is None and cfg.model.overrides() is None
 
 
@@ -91,13 +104,16 @@ def test_presets_round_trip(preset, tmp_path, capsys):
     assert cfg.optim.name == "adamw" and cfg.optim.schedule == "linear"
 
 
-@pytest.mark.parametrize("override,match", [
-    ("train.eval_every=-1", "eval_every must be >= 0"),
-    ("train.epochs=0", "epochs must be > 0"),
-    ("optim.name=sgd", "lamb or adamw"),
-    ("task.max_query_len=200", "leaves no room"),
-    ("train.micro_batch_size=24", "not a multiple"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("train.eval_every=-1", "eval_every must be >= 0"),
+        ("train.epochs=0", "epochs must be > 0"),
+        ("optim.name=sgd", "lamb or adamw"),
+        ("task.max_query_len=200", "leaves no room"),
+        ("train.micro_batch_size=24", "not a multiple"),
+    ],
+)
 def test_invalid_values_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
         C.load_config("finetune", None, [override])

@@ -20,8 +20,10 @@ def test_table_is_complete():
 
 def test_mrpc_bom_and_quotes(tmp_path):
     f = tmp_path / "dev.tsv"
-    f.write_text("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-                 '1\t1\t2\tHe said " hi .\tShe said " bye .\n0\t3\t4\tA\tB\n', encoding="utf-8")
+    f.write_text(
+        '\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tHe said " hi .\tShe said " bye .\n0\t3\t4\tA\tB\n',
+        encoding="utf-8",
+    )
     ex = glue.read_tsv(f, glue.GLUE_TASKS["mrpc"])
     assert ex.texts == [('He said " hi .', 'She said " bye .'), ("A", "B")]
     assert ex.labels == [1, 0]
@@ -46,9 +48,16 @@ def test_evaluate():
 
 
 # published example counts of the GLUE dev/train files (GLUE paper, Table 1; download_glue_data.py layout)
-COUNTS = {("mrpc", "train.tsv"): 3668, ("mrpc", "dev.tsv"): 408, ("cola", "dev.tsv"): 1043,
-          ("sst2", "dev.tsv"): 872, ("stsb", "dev.tsv"): 1500, ("qnli", "dev.tsv"): 5463,
-          ("rte", "dev.tsv"): 277, ("wnli", "dev.tsv"): 71}
+COUNTS = {
+    ("mrpc", "train.tsv"): 3668,
+    ("mrpc", "dev.tsv"): 408,
+    ("cola", "dev.tsv"): 1043,
+    ("sst2", "dev.tsv"): 872,
+    ("stsb", "dev.tsv"): 1500,
+    ("qnli", "dev.tsv"): 5463,
+    ("rte", "dev.tsv"): 277,
+    ("wnli", "dev.tsv"): 71,
+}
 
 
 @pytest.mark.parametrize("task, name", sorted(COUNTS))

@@ -16,8 +16,45 @@ from bertforge.finetune import glue
 from bertforge.finetune.config import FinetuneModelConfig
 from bertforge.finetune.runner import FinetuneRun, collate, encode_glue, load_tokenizer, run_finetune
 
-WORDS = ("the a is of and to in it was he she cat dog sat on mat ran fast slow big small red blue green "
-         "paris london france england capital city what where who which river long name").split()
+WORDS = [
+    "the",
+    "a",
+    "is",
+    "of",
+    "and",
+    "to",
+    "in",
+    "it",
+    "was",
+    "he",
+    "she",
+    "cat",
+    "dog",
+    "sat",
+    "on",
+    "mat",
+    "ran",
+    "fast",
+    "slow",
+    "big",
+    "small",
+    "red",
+    "blue",
+    "green",
+    "paris",
+    "london",
+    "france",
+    "england",
+    "capital",
+    "city",
+    "what",
+    "where",
+    "who",
+    "which",
+    "river",
+    "long",
+    "name",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +65,14 @@ def tiny_model(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny_bert")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "?"] + WORDS
     (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    cfg = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=64, max_position_embeddings=64)
+    cfg = transformers.BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     transformers.BertModel(cfg).save_pretrained(d)
     return d
@@ -50,9 +93,12 @@ def _mrpc(tmp_path, n):
 
 def _squad(tmp_path):
     ctx = "the capital of france is paris . the capital of england is london . " * 3
-    qas = [{"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": ctx.index(a)}]}
-           for i, (q, a) in enumerate([("what is the capital of france ?", "paris"),
-                                       ("what is the capital of england ?", "london")] * 4)]
+    qas = [
+        {"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": ctx.index(a)}]}
+        for i, (q, a) in enumerate(
+            [("what is the capital of france ?", "paris"), ("what is the capital of england ?", "london")] * 4
+        )
+    ]
     for i, qa in enumerate(qas):
         qa["id"] = f"q{i}"
     f = tmp_path / "squad.json"
@@ -64,9 +110,18 @@ def test_glue_train_save_and_transformers_parity(tiny_model, tmp_path):
     import transformers
 
     train, dev = _mrpc(tmp_path, 64), _mrpc(tmp_path, 24)
-    cfg = load_config("finetune", "mrpc_base_128", [f"train.output_dir={tmp_path / 'out'}",
-                                                     "train.global_batch_size=16", "train.micro_batch_size=8",
-                                                     "train.epochs=2", "optim.lr=1e-3", "train.log_every=1"])
+    cfg = load_config(
+        "finetune",
+        "mrpc_base_128",
+        [
+            f"train.output_dir={tmp_path / 'out'}",
+            "train.global_batch_size=16",
+            "train.micro_batch_size=8",
+            "train.epochs=2",
+            "optim.lr=1e-3",
+            "train.log_every=1",
+        ],
+    )
     summary = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
     assert [h["epoch"] for h in summary["history"]] == [1, 2]
     assert {"f1", "accuracy"} <= set(summary["best"])
@@ -98,10 +153,19 @@ def test_gradient_accumulation_matches_one_batch(tiny_model, tmp_path):
     """batch 16 as 2 x 8 micro-batches gives the same model as 1 x 16 (dropout off)."""
     train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
     for micro in (16, 8):
-        cfg = load_config("finetune", None, [f"train.output_dir={tmp_path / str(micro)}",
-                                              "train.global_batch_size=16", f"train.micro_batch_size={micro}",
-                                              "train.epochs=1", "optim.lr=1e-3", "model.hidden_dropout=0",
-                                              "model.attention_dropout=0"])
+        cfg = load_config(
+            "finetune",
+            None,
+            [
+                f"train.output_dir={tmp_path / str(micro)}",
+                "train.global_batch_size=16",
+                f"train.micro_batch_size={micro}",
+                "train.epochs=1",
+                "optim.lr=1e-3",
+                "model.hidden_dropout=0",
+                "model.attention_dropout=0",
+            ],
+        )
         run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
     from safetensors.torch import load_file
 
@@ -116,11 +180,35 @@ def test_squad_train_predict_score(tiny_model, tmp_path, capsys):
 
     data = _squad(tmp_path)
     out = tmp_path / "sq"
-    rc = main(["finetune", "--task", "squad", "--model", str(tiny_model), "--train-file", str(data),
-               "--dev-file", str(data), "--config", "squad_base_384", "--output-dir", str(out),
-               "--set", "task.max_seq_len=24", "--set", "task.doc_stride=8",
-               "--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=4", "--set", "train.epochs=1",
-               "--set", "task.max_query_len=10"])
+    rc = main(
+        [
+            "finetune",
+            "--task",
+            "squad",
+            "--model",
+            str(tiny_model),
+            "--train-file",
+            str(data),
+            "--dev-file",
+            str(data),
+            "--config",
+            "squad_base_384",
+            "--output-dir",
+            str(out),
+            "--set",
+            "task.max_seq_len=24",
+            "--set",
+            "task.doc_stride=8",
+            "--set",
+            "train.global_batch_size=4",
+            "--set",
+            "train.micro_batch_size=4",
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "task.max_query_len=10",
+        ]
+    )
     assert rc == 0
     preds = json.loads((out / "predictions.json").read_text())
     nbest = json.loads((out / "nbest_predictions.json").read_text())
@@ -129,8 +217,12 @@ def test_squad_train_predict_score(tiny_model, tmp_path, capsys):
     assert 0 <= summary["best"]["f1"] <= 100
     transformers.AutoModelForQuestionAnswering.from_pretrained(out / "best")
     capsys.readouterr()
-    assert main(["score", "--task", "squad", "--data", str(data), "--predictions", str(out / "predictions.json"),
-                 "--json"]) == 0
+    assert (
+        main(
+            ["score", "--task", "squad", "--data", str(data), "--predictions", str(out / "predictions.json"), "--json"]
+        )
+        == 0
+    )
     scored = json.loads(capsys.readouterr().out)
     assert scored["f1"] == pytest.approx(summary["best"]["f1"])
 
@@ -138,9 +230,18 @@ def test_squad_train_predict_score(tiny_model, tmp_path, capsys):
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_low_precision_steps_are_finite(tiny_model, tmp_path, precision):
     train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
-    cfg = load_config("finetune", None, [f"train.output_dir={tmp_path}", "train.global_batch_size=8",
-                                         "train.micro_batch_size=8", "train.max_steps=2",
-                                         f"train.precision={precision}", "train.log_every=1"])
+    cfg = load_config(
+        "finetune",
+        None,
+        [
+            f"train.output_dir={tmp_path}",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=8",
+            "train.max_steps=2",
+            f"train.precision={precision}",
+            "train.log_every=1",
+        ],
+    )
     s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
     assert s["precision"] == precision
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -148,17 +249,55 @@ def test_low_precision_steps_are_finite(tiny_model, tmp_path, precision):
 
 
 def test_score_cli_v2_and_errors(tmp_path, capsys):
-    data = {"data": [{"paragraphs": [{"context": "x", "qas": [
-        {"id": "a", "answers": [{"text": "Paris", "answer_start": 0}]}, {"id": "b", "answers": []}]}]}]}
+    data = {
+        "data": [
+            {
+                "paragraphs": [
+                    {
+                        "context": "x",
+                        "qas": [
+                            {"id": "a", "answers": [{"text": "Paris", "answer_start": 0}]},
+                            {"id": "b", "answers": []},
+                        ],
+                    }
+                ]
+            }
+        ]
+    }
     (tmp_path / "d.json").write_text(json.dumps(data))
     (tmp_path / "p.json").write_text(json.dumps({"a": "paris", "b": ""}))
-    assert main(["score", "--task", "squad_v2", "--data", str(tmp_path / "d.json"),
-                 "--predictions", str(tmp_path / "p.json"), "--json"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--task",
+                "squad_v2",
+                "--data",
+                str(tmp_path / "d.json"),
+                "--predictions",
+                str(tmp_path / "p.json"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["exact"] == 100.0 and out["HasAns_total"] == 1 and out["NoAns_total"] == 1
     (tmp_path / "bad.json").write_text("[1, 2]")
-    assert main(["score", "--task", "squad", "--data", str(tmp_path / "d.json"),
-                 "--predictions", str(tmp_path / "bad.json")]) == 2
+    assert (
+        main(
+            [
+                "score",
+                "--task",
+                "squad",
+                "--data",
+                str(tmp_path / "d.json"),
+                "--predictions",
+                str(tmp_path / "bad.json"),
+            ]
+        )
+        == 2
+    )
     assert "question id -> answer text" in capsys.readouterr().err
 
 
@@ -179,10 +318,30 @@ def test_torchrun_two_processes_match_one(tiny_model, tmp_path):
     import sys
 
     train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
-    common = ["--task", "mrpc", "--model", str(tiny_model), "--train-file", str(train), "--dev-file", str(dev),
-              "--set", "train.global_batch_size=16", "--set", "train.micro_batch_size=8", "--set", "train.epochs=1",
-              "--set", "optim.lr=1e-3", "--set", "model.hidden_dropout=0", "--set", "model.attention_dropout=0",
-              "--set", "train.precision=fp32"]  # auto picks bf16 on a native-bf16 CPU
+    common = [
+        "--task",
+        "mrpc",
+        "--model",
+        str(tiny_model),
+        "--train-file",
+        str(train),
+        "--dev-file",
+        str(dev),
+        "--set",
+        "train.global_batch_size=16",
+        "--set",
+        "train.micro_batch_size=8",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "optim.lr=1e-3",
+        "--set",
+        "model.hidden_dropout=0",
+        "--set",
+        "model.attention_dropout=0",
+        "--set",
+        "train.precision=fp32",
+    ]  # auto picks bf16 on a native-bf16 CPU
     assert main(["finetune", *common, "--output-dir", str(tmp_path / "one"), "--set", "train.micro_batch_size=16"]) == 0
     import socket
 
@@ -190,9 +349,27 @@ def test_torchrun_two_processes_match_one(tiny_model, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(port), "-m", "bertforge", "finetune", *common,
-                           "--output-dir", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            "-m",
+            "bertforge",
+            "finetune",
+            *common,
+            "--output-dir",
+            str(tmp_path / "two"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     from safetensors.torch import load_file
 
@@ -228,14 +405,28 @@ def tiny_roberta(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("tiny_roberta")
     tok = ByteLevelBPETokenizer()
-    tok.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=300, min_frequency=1,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-    tok.post_processor = RobertaProcessing(("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")),
-                                           trim_offsets=True)
+    tok.train_from_iterator(
+        [" ".join(WORDS)] * 20,
+        vocab_size=300,
+        min_frequency=1,
+        special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+    )
+    tok.post_processor = RobertaProcessing(
+        ("</s>", tok.token_to_id("</s>")), ("<s>", tok.token_to_id("<s>")), trim_offsets=True
+    )
     tok.save(str(d / "tokenizer.json"))
-    cfg = transformers.RobertaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=80,
-                                     type_vocab_size=1, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    cfg = transformers.RobertaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=80,
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     transformers.RobertaModel(cfg).save_pretrained(d)
     return d
@@ -258,19 +449,36 @@ def test_roberta_squad_and_glue(tiny_roberta, tmp_path):
         if s:
             ex = examples[f.example_index[i]]
             c0, off = int(f.ctx_offset[i]), f.offsets[i]
-            assert ex.context[off[s - c0, 0]:off[e - c0, 1]] == ex.answers[0][0]
-    cfg = load_config("finetune", "squad_base_384", [f"train.output_dir={tmp_path / 'sq'}", "task.max_seq_len=32",
-                                                      "task.doc_stride=8", "task.max_query_len=12",
-                                                      "train.global_batch_size=4", "train.micro_batch_size=4",
-                                                      "train.epochs=1"])
+            assert ex.context[off[s - c0, 0] : off[e - c0, 1]] == ex.answers[0][0]
+    cfg = load_config(
+        "finetune",
+        "squad_base_384",
+        [
+            f"train.output_dir={tmp_path / 'sq'}",
+            "task.max_seq_len=32",
+            "task.doc_stride=8",
+            "task.max_query_len=12",
+            "train.global_batch_size=4",
+            "train.micro_batch_size=4",
+            "train.epochs=1",
+        ],
+    )
     s = run_finetune(FinetuneRun("squad", str(tiny_roberta), str(data), [str(data)]), cfg, log=lambda m: None)
     assert 0 <= s["best"]["f1"] <= 100
     preds = json.loads((tmp_path / "sq" / "predictions.json").read_text())
     assert all(p == p.strip() for p in preds.values())
     transformers.AutoModelForQuestionAnswering.from_pretrained(tmp_path / "sq" / "best")
     train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
-    cfg = load_config("finetune", None, [f"train.output_dir={tmp_path / 'gl'}", "train.global_batch_size=8",
-                                         "train.micro_batch_size=8", "train.epochs=1"])
+    cfg = load_config(
+        "finetune",
+        None,
+        [
+            f"train.output_dir={tmp_path / 'gl'}",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=8",
+            "train.epochs=1",
+        ],
+    )
     run_finetune(FinetuneRun("mrpc", str(tiny_roberta), str(train), [str(dev)]), cfg, log=lambda m: None)
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "gl" / "best")
     assert hf.config.model_type == "roberta"
@@ -286,14 +494,17 @@ def test_pad_to_max_length_gives_the_reference_squad_loss(tiny_model, tmp_path, 
 
     rng = np.random.default_rng(0)
     lens = [9, 14, 20]
-    data = runner.Encoded([rng.integers(5, 40, n) for n in lens], [np.r_[np.zeros(4), np.ones(n - 4)].astype(np.int64)
-                                                                   for n in lens],
-                          {"start_positions": np.array([5, 6, 7]), "end_positions": np.array([6, 8, 9])})
+    data = runner.Encoded(
+        [rng.integers(5, 40, n) for n in lens],
+        [np.r_[np.zeros(4), np.ones(n - 4)].astype(np.int64) for n in lens],
+        {"start_positions": np.array([5, 6, 7]), "end_positions": np.array([6, 8, 9])},
+    )
     torch.manual_seed(0)
     ours, _ = runner.load_model(str(tiny_model), "qa", 2, config_overrides=FinetuneModelConfig(0.0, 0.0).overrides())
     ref = transformers.AutoModelForQuestionAnswering.from_pretrained(tiny_model)
-    ref.load_state_dict({**ref.state_dict(), "qa_outputs.weight": ours.qa_outputs.weight,
-                         "qa_outputs.bias": ours.qa_outputs.bias})
+    ref.load_state_dict(
+        {**ref.state_dict(), "qa_outputs.weight": ours.qa_outputs.weight, "qa_outputs.bias": ours.qa_outputs.bias}
+    )
     ours.eval(), ref.eval()
     cpu = torch.device("cpu")
 
@@ -321,19 +532,38 @@ def test_pad_to_max_length_gives_the_reference_squad_loss(tiny_model, tmp_path, 
     sq = _squad(tmp_path)
     for pad in (True, False):
         seen.clear()
-        cfg = load_config("finetune", "squad_base_384", [f"train.output_dir={tmp_path / str(pad)}",
-                                                          "task.max_seq_len=24", "task.doc_stride=8",
-                                                          "task.max_query_len=10", "train.global_batch_size=4",
-                                                          "train.micro_batch_size=4", "train.epochs=1",
-                                                          f"train.pad_to_max_length={str(pad).lower()}"])
+        cfg = load_config(
+            "finetune",
+            "squad_base_384",
+            [
+                f"train.output_dir={tmp_path / str(pad)}",
+                "task.max_seq_len=24",
+                "task.doc_stride=8",
+                "task.max_query_len=10",
+                "train.global_batch_size=4",
+                "train.micro_batch_size=4",
+                "train.epochs=1",
+                f"train.pad_to_max_length={str(pad).lower()}",
+            ],
+        )
         run_finetune(FinetuneRun("squad", str(tiny_model), str(sq), [str(sq)]), cfg, log=lambda s: None)
         assert seen and set(seen) == ({24} if pad else {0})
 
 
 def _cfg(tmp_path, *extra):
-    return load_config("finetune", None, [f"train.output_dir={tmp_path}", "train.global_batch_size=8",
-                                          "train.micro_batch_size=4", "train.epochs=1", "train.precision=fp32",
-                                          "train.log_every=1", *extra])
+    return load_config(
+        "finetune",
+        None,
+        [
+            f"train.output_dir={tmp_path}",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=4",
+            "train.epochs=1",
+            "train.precision=fp32",
+            "train.log_every=1",
+            *extra,
+        ],
+    )
 
 
 def test_runner_calls_the_one_training_step(tiny_model, tmp_path, monkeypatch):
@@ -395,19 +625,26 @@ def test_nonfinite_updates_are_skipped_counted_and_stop_the_run(tiny_model, tmp_
     monkeypatch.setattr(runner, "train_step", nan_on_some)
     train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
     n = 0
-    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), _cfg(tmp_path / "a"),
-                     log=lambda s: None)
+    s = run_finetune(
+        FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), _cfg(tmp_path / "a"), log=lambda s: None
+    )
     assert s["skipped_steps"] == 2 and np.isfinite(s["best"]["accuracy"])
     n, poisoned = 0, {2, 3, 4}
     with pytest.raises(UserError, match=r"3 non-finite gradient steps in a row at update 4.*no model was saved"):
-        run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
-                     _cfg(tmp_path / "b", "train.max_nonfinite_steps=3"), log=lambda s: None)
+        run_finetune(
+            FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
+            _cfg(tmp_path / "b", "train.max_nonfinite_steps=3"),
+            log=lambda s: None,
+        )
 
 
 def test_eval_every_evaluates_within_epochs(tiny_model, tmp_path):
     train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
-    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
-                     _cfg(tmp_path, "train.eval_every=3", "train.epochs=2"), log=lambda s: None)
+    s = run_finetune(
+        FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
+        _cfg(tmp_path, "train.eval_every=3", "train.epochs=2"),
+        log=lambda s: None,
+    )
     # 4 updates per epoch: step 3 (0.75), the epoch ends (1, 2) and step 6 (1.5)
     assert [(h["step"], h["epoch"]) for h in s["history"]] == [(3, 0.75), (4, 1), (6, 1.5), (8, 2)]
     assert s["best"] in s["history"] and (tmp_path / "best" / "model.safetensors").is_file()

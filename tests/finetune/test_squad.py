@@ -61,7 +61,7 @@ def test_long_context_windows_and_answer_positions(word_tokenizer):
         assert len(ids) == min(32, q_len + 3 + (100 - s))
         assert ids[0] == word_tokenizer.token_to_id("[CLS]") and ids[q_len + 1] == word_tokenizer.token_to_id("[SEP]")
         assert ids[-1] == word_tokenizer.token_to_id("[SEP]")
-        assert f.token_type_ids[i][: q_len + 2].sum() == 0 and f.token_type_ids[i][q_len + 2:].min() == 1
+        assert f.token_type_ids[i][: q_len + 2].sum() == 0 and f.token_type_ids[i][q_len + 2 :].min() == 1
         assert f.offsets[i][0, 0] == context.index(f"w{s} ")
         inside = s <= 57 and 58 < s + max_ctx
         if inside:
@@ -87,17 +87,29 @@ def _oracle_logits(f):
 
 def test_postprocess_v1_and_v2(word_tokenizer):
     ctx = "the capital of france is paris , the capital of w1 is london ."
-    exs = [squad.SquadExample("a", "what is the capital of france ?", ctx, [("paris", ctx.index("paris"))]),
-           squad.SquadExample("b", "what is w1 ?", ctx, [("london", ctx.index("london"))]),
-           squad.SquadExample("c", "what is w9 ?", ctx, [], is_impossible=True)]
+    exs = [
+        squad.SquadExample("a", "what is the capital of france ?", ctx, [("paris", ctx.index("paris"))]),
+        squad.SquadExample("b", "what is w1 ?", ctx, [("london", ctx.index("london"))]),
+        squad.SquadExample("c", "what is w9 ?", ctx, [], is_impossible=True),
+    ]
     f = squad.make_features(exs, word_tokenizer, max_seq_len=20, doc_stride=4, training=True)
     S, E = _oracle_logits(f)
     preds, nbest, null_odds = squad.postprocess(exs, f, S, E, n_best=5, max_answer_len=4, version_2=True)
     assert preds == {"a": "paris", "b": "london", "c": ""}
     assert null_odds["c"] > 0 > null_odds["a"]
     assert all(abs(sum(d["probability"] for d in v) - 1) < 1e-6 for v in nbest.values())
-    data = [{"paragraphs": [{"context": ctx, "qas": [
-        {"id": e.qid, "answers": [{"text": t, "answer_start": s} for t, s in e.answers]} for e in exs]}]}]
+    data = [
+        {
+            "paragraphs": [
+                {
+                    "context": ctx,
+                    "qas": [
+                        {"id": e.qid, "answers": [{"text": t, "answer_start": s} for t, s in e.answers]} for e in exs
+                    ],
+                }
+            ]
+        }
+    ]
     assert squad_v2_scores(data, preds)["exact"] == 100.0
     # v1 (no null answer): the impossible question still gets a span; max_answer_len is respected
     preds, nbest, _ = squad.postprocess(exs[:2], f, S, E, n_best=5, max_answer_len=1)
@@ -121,7 +133,9 @@ def test_dev_answers_recoverable_through_offsets(shared_data):
         s, e = int(f.start_positions[i]), int(f.end_positions[i])
         if s:
             c0, off = int(f.ctx_offset[i]), f.offsets[i]
-            recovered.setdefault(int(f.example_index[i]), per_answer[f.example_index[i]].context[off[s - c0, 0]:off[e - c0, 1]])
+            recovered.setdefault(
+                int(f.example_index[i]), per_answer[f.example_index[i]].context[off[s - c0, 0] : off[e - c0, 1]]
+            )
     exact = 0
     for j, ex in enumerate(per_answer):
         text, start = ex.answers[0]

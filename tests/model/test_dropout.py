@@ -134,8 +134,14 @@ def test_auto_trains_with_unfused_attention_on_cpu_and_infers_with_sdpa(monkeypa
     for name in calls:
         fn = getattr(attn, name)
         monkeypatch.setattr(attn, name, lambda *a, _fn=fn, _n=name: calls.__setitem__(_n, calls[_n] + 1) or _fn(*a))
-    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=16)
+    cfg = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+    )
     ids = torch.randint(5, 50, (2, 8))
     for impl, train, expect in [("auto", True, "unfused"), ("auto", False, "sdpa"), ("sdpa", True, "sdpa")]:
         calls.update(unfused=0, sdpa=0)

@@ -43,11 +43,12 @@ def test_varlen_path_is_taken_and_matches_padded_sdpa(cuda):
         attn.varlen = real
     assert len(calls) == 2 * 2  # two forwards x two layers went through the varlen kernel
     for i, (r, off, n) in where.items():
-        torch.testing.assert_close(b.last_hidden_state[r, off:off + n].float(),
-                                   a.last_hidden_state[i, :n].float(), atol=3e-2, rtol=3e-2)
-        torch.testing.assert_close(c.last_hidden_state[i, :n].float(), a.last_hidden_state[i, :n].float(),
-                                   atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(
+            b.last_hidden_state[r, off : off + n].float(), a.last_hidden_state[i, :n].float(), atol=3e-2, rtol=3e-2
+        )
+        torch.testing.assert_close(
+            c.last_hidden_state[i, :n].float(), a.last_hidden_state[i, :n].float(), atol=3e-2, rtol=3e-2
+        )
     torch.testing.assert_close(b.loss, a.loss, atol=3e-2, rtol=3e-2)
     b.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in varlen.parameters() if p.grad is not None)
-

@@ -29,14 +29,26 @@ HF_CLASSES = {
     ("roberta", "regression"): "RobertaForSequenceClassification",
     ("roberta", "token_classification"): "RobertaForTokenClassification",
 }
-AUTO = {"pretraining": "AutoModelForPreTraining", "mlm": "AutoModelForMaskedLM",
-        "qa": "AutoModelForQuestionAnswering", "classification": "AutoModelForSequenceClassification",
-        "regression": "AutoModelForSequenceClassification", "token_classification": "AutoModelForTokenClassification"}
+AUTO = {
+    "pretraining": "AutoModelForPreTraining",
+    "mlm": "AutoModelForMaskedLM",
+    "qa": "AutoModelForQuestionAnswering",
+    "classification": "AutoModelForSequenceClassification",
+    "regression": "AutoModelForSequenceClassification",
+    "token_classification": "AutoModelForTokenClassification",
+}
 
 
 def hf_config(model_type: str, task: str):
-    kw = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-              max_position_embeddings=40, attn_implementation="sdpa")
+    kw = dict(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        attn_implementation="sdpa",
+    )
     if task == "regression":
         kw["num_labels"] = 1
     elif task in ("classification", "token_classification"):
@@ -164,8 +176,9 @@ def test_unmapped_key_and_bad_shape_are_errors(tmp_path):
         load_pretrained(tmp_path / "m", "qa")
 
 
-@pytest.mark.parametrize("prefix,config_name,tf_names", [("module.", "config.json", False),
-                                                         ("model.", "bert_config.json", True)])
+@pytest.mark.parametrize(
+    "prefix,config_name,tf_names", [("module.", "config.json", False), ("model.", "bert_config.json", True)]
+)
 def test_nvidia_style_checkpoint(tmp_path, prefix, config_name, tf_names):
     """NVIDIA DeepLearningExamples / Habana: {"model": sd} in a .pt, `module.`/`model.` prefixes, TF-era
     LayerNorm gamma/beta names, bert_config.json, the vocab padded to a multiple of 8."""
@@ -193,8 +206,7 @@ def test_nvidia_style_checkpoint(tmp_path, prefix, config_name, tf_names):
 
 
 def test_save_unwraps_compiled_model(tmp_path):
-    config = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                        intermediate_size=64)
+    config = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
     model = build_model(config, "qa")
     out = save_pretrained(torch.compile(model), config, tmp_path / "c")
     again, _ = load_pretrained(out, "qa")
@@ -202,8 +214,16 @@ def test_save_unwraps_compiled_model(tmp_path):
 
 
 def test_roberta_pretraining_save_is_refused(tmp_path):
-    config = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                        intermediate_size=64, model_type="roberta", pad_token_id=1, type_vocab_size=1)
+    config = BertConfig(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        model_type="roberta",
+        pad_token_id=1,
+        type_vocab_size=1,
+    )
     with pytest.raises(UserError, match="no NSP head"):
         save_pretrained(build_model(config, "pretraining"), config, tmp_path / "x")
 
@@ -211,9 +231,11 @@ def test_roberta_pretraining_save_is_refused(tmp_path):
 def test_pytorch_model_bin_and_losses_of_fine_tuning_heads(tmp_path):
     """pytorch_model.bin (read with weights_only) loads too; classification/regression/QA losses equal HF's."""
     ids, mask, types = batch("bert")
-    for task, labels in (("classification", {"labels": torch.tensor([0, 2, 1])}),
-                         ("regression", {"labels": torch.tensor([0.5, -1.0, 2.0])}),
-                         ("qa", {"start_positions": torch.tensor([1, 3, 40]), "end_positions": torch.tensor([2, 5, 4])})):
+    for task, labels in (
+        ("classification", {"labels": torch.tensor([0, 2, 1])}),
+        ("regression", {"labels": torch.tensor([0.5, -1.0, 2.0])}),
+        ("qa", {"start_positions": torch.tensor([1, 3, 40]), "end_positions": torch.tensor([2, 5, 4])}),
+    ):
         torch.manual_seed(0)
         theirs = getattr(transformers, HF_CLASSES["bert", task])(hf_config("bert", task)).eval()
         theirs.save_pretrained(tmp_path / task)

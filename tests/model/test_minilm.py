@@ -27,8 +27,13 @@ def test_minilm_encoder_matches_transformers(minilm):
 
     tok = tokenizers.Tokenizer.from_file(str(minilm / "tokenizer.json"))
     tok.enable_padding(pad_id=0, pad_token="[PAD]")
-    enc = tok.encode_batch(["Packing removes padding from BERT pre-training.",
-                            "A short one.", "Sentence embeddings come from mean pooling of the encoder output."])
+    enc = tok.encode_batch(
+        [
+            "Packing removes padding from BERT pre-training.",
+            "A short one.",
+            "Sentence embeddings come from mean pooling of the encoder output.",
+        ]
+    )
     ids = torch.tensor([e.ids for e in enc])
     mask = torch.tensor([e.attention_mask for e in enc])
     # no classifier in the file: the head must be allowed to start fresh; the encoder and pooler load

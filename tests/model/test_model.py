@@ -14,8 +14,16 @@ V = 101
 
 
 def tiny(**kw) -> BertConfig:
-    base = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    base = dict(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertConfig(**{**base, **kw})
 
 
@@ -48,8 +56,11 @@ def test_masked_only_head_equals_dense_head_at_masked_positions():
 
 def test_no_masked_slot_gives_zero_loss_not_nan():
     model = build_model(tiny(), "mlm")
-    out = model(torch.randint(5, V, (2, 8)), masked_positions=torch.zeros(2, 3, dtype=torch.long),
-                masked_labels=torch.zeros(2, 3, dtype=torch.long))
+    out = model(
+        torch.randint(5, V, (2, 8)),
+        masked_positions=torch.zeros(2, 3, dtype=torch.long),
+        masked_labels=torch.zeros(2, 3, dtype=torch.long),
+    )
     assert out.loss.item() == 0.0 and int(out.mlm_count) == 0
 
 
@@ -66,8 +77,17 @@ def test_heads_own_only_their_parameters_and_run_on_what_they_are_given(task):
     assert len(list(model.parameters())) == len(list(model.named_parameters(remove_duplicate=False)))
     seq = torch.randn(2, 8, 32)
     shared = {"decoder_weight": model.bert.embeddings.word_embeddings.weight, "pooler": model.bert.pooler}
-    batch = dict.fromkeys(("masked_positions", "masked_labels", "nsp_positions", "nsp_labels", "labels",
-                           "start_positions", "end_positions"))
+    batch = dict.fromkeys(
+        (
+            "masked_positions",
+            "masked_labels",
+            "nsp_positions",
+            "nsp_labels",
+            "labels",
+            "start_positions",
+            "end_positions",
+        )
+    )
     with torch.no_grad():
         out = head(seq, batch, **{k: shared[k] for k in spec.inputs})
     logits = {"pretraining": out.nsp_logits, "mlm": out.mlm_logits, "qa": out.start_logits}.get(task, out.logits)
@@ -91,11 +111,14 @@ def packed_and_padded(T=12):
     for i, s in enumerate(seqs):
         n = len(s)
         pad["input_ids"][i, :n], pad["attention_mask"][i, :n], pad["token_type_ids"][i, :n] = s, 1, types[i]
-        pad_pos[i, :len(masked[i])], pad_lab[i, :len(masked[i])] = torch.tensor(masked[i]), mlab[i]
+        pad_pos[i, : len(masked[i])], pad_lab[i, : len(masked[i])] = torch.tensor(masked[i]), mlab[i]
     padded = dict(**pad, masked_positions=pad_pos, masked_labels=pad_lab, nsp_labels=nsp)
     # packed: rows [seq0 seq1] and [seq2]; sequence index in the mask, positions restart, shifted slots
     rows = [[0, 1], [2]]
-    pk = {k: torch.zeros(2, T, dtype=torch.long) for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")}
+    pk = {
+        k: torch.zeros(2, T, dtype=torch.long)
+        for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+    }
     pk_pos, pk_lab = torch.zeros(2, P + 2, dtype=torch.long), torch.zeros(2, P + 2, dtype=torch.long)
     nsp_pos, nsp_lab = torch.zeros(2, 2, dtype=torch.long), torch.full((2, 2), -1)
     where = {}
@@ -103,10 +126,10 @@ def packed_and_padded(T=12):
         off, slot = 0, 0
         for k, i in enumerate(members):
             n = len(seqs[i])
-            pk["input_ids"][r, off:off + n] = seqs[i]
-            pk["attention_mask"][r, off:off + n] = k + 1
-            pk["token_type_ids"][r, off:off + n] = types[i]
-            pk["position_ids"][r, off:off + n] = torch.arange(n)
+            pk["input_ids"][r, off : off + n] = seqs[i]
+            pk["attention_mask"][r, off : off + n] = k + 1
+            pk["token_type_ids"][r, off : off + n] = types[i]
+            pk["position_ids"][r, off : off + n] = torch.arange(n)
             for p, lab in zip(masked[i], mlab[i]):
                 pk_pos[r, slot], pk_lab[r, slot] = off + p, lab
                 slot += 1
@@ -125,7 +148,7 @@ def test_packed_rows_equal_padded_rows(attention):
     a = model(**padded)
     b = model(**packed)
     for i, (r, off, n) in where.items():
-        torch.testing.assert_close(b.last_hidden_state[r, off:off + n], a.last_hidden_state[i, :n], atol=1e-5, rtol=0)
+        torch.testing.assert_close(b.last_hidden_state[r, off : off + n], a.last_hidden_state[i, :n], atol=1e-5, rtol=0)
     torch.testing.assert_close(b.loss, a.loss, atol=1e-5, rtol=0)
     assert int(b.mlm_count) == int(a.mlm_count) == 6 and int(b.nsp_count) == int(a.nsp_count) == 3
     # NSP logits of each packed [CLS] equal the padded row's
@@ -143,8 +166,12 @@ def test_packed_rows_equal_padded_rows(attention):
 
 def test_block_mask_rules():
     m = block_mask(torch.tensor([[1, 1, 2, 0], [0, 0, 0, 0]]))[:, 0]
-    assert m[0].tolist() == [[True, True, False, False], [True, True, False, False],
-                             [False, False, True, False], [True, True, True, False]]  # padding sees real keys
+    assert m[0].tolist() == [
+        [True, True, False, False],
+        [True, True, False, False],
+        [False, False, True, False],
+        [True, True, True, False],
+    ]  # padding sees real keys
     assert m[1].all()  # an all-padding row attends everywhere: no empty softmax, no NaN
 
 
@@ -166,8 +193,9 @@ def test_encoder_traces_without_graph_breaks(attention):
     mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3])
     explain = torch._dynamo.explain(model.bert)(ids, mask)
     assert explain.graph_break_count == 0, explain.break_reasons
-    explain = torch._dynamo.explain(model)(ids, mask, masked_positions=torch.tensor([[1, 2], [3, 0]]),
-                                           masked_labels=torch.tensor([[7, 8], [9, 0]]))
+    explain = torch._dynamo.explain(model)(
+        ids, mask, masked_positions=torch.tensor([[1, 2], [3, 0]]), masked_labels=torch.tensor([[7, 8], [9, 0]])
+    )
     assert explain.graph_break_count == 0, explain.break_reasons
 
 
@@ -178,8 +206,11 @@ def test_compiled_training_step_matches_eager():
     model = build_model(tiny(), "pretraining")
     compiled = torch.compile(model, fullgraph=True)
     ids = torch.randint(5, V, (2, 8))
-    kw = dict(masked_positions=torch.tensor([[1, 2], [3, 0]]), masked_labels=torch.tensor([[7, 8], [9, 0]]),
-              nsp_labels=torch.tensor([0, 1]))
+    kw = dict(
+        masked_positions=torch.tensor([[1, 2], [3, 0]]),
+        masked_labels=torch.tensor([[7, 8], [9, 0]]),
+        nsp_labels=torch.tensor([0, 1]),
+    )
     ref = model(ids, **kw).loss
     out = compiled(ids, **kw).loss
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -190,8 +221,11 @@ def test_bf16_autocast_runs_and_stays_close():
     torch.manual_seed(0)
     model = build_model(tiny(), "pretraining").eval()
     ids = torch.randint(5, V, (2, 8))
-    kw = dict(masked_positions=torch.tensor([[1, 2], [3, 0]]), masked_labels=torch.tensor([[7, 8], [9, 0]]),
-              nsp_labels=torch.tensor([0, 1]))
+    kw = dict(
+        masked_positions=torch.tensor([[1, 2], [3, 0]]),
+        masked_labels=torch.tensor([[7, 8], [9, 0]]),
+        nsp_labels=torch.tensor([0, 1]),
+    )
     ref = model(ids, **kw)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(ids, **kw)
@@ -256,7 +290,8 @@ def test_flash_varlen_plumbing_with_a_reference_kernel(monkeypatch):
         cu = meta.cu_seqlens.tolist()
         for s, e in zip(cu[:-1], cu[1:]):
             out[s:e] = torch.nn.functional.scaled_dot_product_attention(
-                q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1)).transpose(0, 1)
+                q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1)
+            ).transpose(0, 1)
         assert meta.max_seqlen == max(e - s for s, e in zip(cu[:-1], cu[1:]))
         return out
 
@@ -270,6 +305,6 @@ def test_flash_varlen_plumbing_with_a_reference_kernel(monkeypatch):
     monkeypatch.setattr(model.bert, "attention_impl", "auto")
     b = model(**packed)
     for i, (r, off, n) in where.items():
-        torch.testing.assert_close(b.last_hidden_state[r, off:off + n], a.last_hidden_state[i, :n], atol=1e-5, rtol=0)
+        torch.testing.assert_close(b.last_hidden_state[r, off : off + n], a.last_hidden_state[i, :n], atol=1e-5, rtol=0)
     torch.testing.assert_close(b.loss, a.loss, atol=1e-5, rtol=0)
     assert calls == [16, 16]  # both layers, on the 5 + 4 + 7 real tokens only

@@ -16,15 +16,26 @@ V = 101
 
 def tiny(layers: int = 2) -> BertConfig:
     # dropout on: the recomputation must replay the forward's masks
-    return BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-                      intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
-                      attention_probs_dropout_prob=0.1)
+    return BertConfig(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
 
 
 def batch():
     g = torch.Generator().manual_seed(1)
-    return dict(input_ids=torch.randint(5, V, (2, 10), generator=g), masked_positions=torch.tensor([[1, 2], [3, 0]]),
-                masked_labels=torch.tensor([[7, 8], [9, 0]]), nsp_labels=torch.tensor([0, 1]))
+    return dict(
+        input_ids=torch.randint(5, V, (2, 10), generator=g),
+        masked_positions=torch.tensor([[1, 2], [3, 0]]),
+        masked_labels=torch.tensor([[7, 8], [9, 0]]),
+        nsp_labels=torch.tensor([0, 1]),
+    )
 
 
 def loss_and_grads(model, saved: list | None = None):

@@ -11,8 +11,9 @@ import pytest
 VOCAB = 64  # ids 0..4: [PAD] [UNK] [CLS] [SEP] [MASK]
 
 
-def make_shards(out: Path, n_shards: int = 4, rows: int = 64, seq_len: int = 32, max_pred: int = 5,
-                seed: int = 0) -> Path:
+def make_shards(
+    out: Path, n_shards: int = 4, rows: int = 64, seq_len: int = 32, max_pred: int = 5, seed: int = 0
+) -> Path:
     """Rows `[CLS] a a+1 a+2 ... [SEP]` (mod the vocab), variable length, some tokens masked: learnable."""
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -29,14 +30,20 @@ def make_shards(out: Path, n_shards: int = 4, rows: int = 64, seq_len: int = 32,
             body = [5 + (start - 5 + i) % (VOCAB - 5) for i in range(n - 2)]
             ids[r, :n] = [2, *body, 3]
             mask[r, :n] = 1
-            seg[r, n // 2:n] = 1
+            seg[r, n // 2 : n] = 1
             p = np.sort(rng.choice(np.arange(1, n - 1), size=max_pred, replace=False))
             lab[r] = ids[r, p]
             pos[r] = p
             ids[r, p] = 4
         with h5py.File(out / f"shard_{s}.hdf5", "w") as h:
-            for k, v in (("input_ids", ids), ("input_mask", mask), ("segment_ids", seg),
-                         ("masked_lm_positions", pos), ("masked_lm_ids", lab), ("next_sentence_labels", nsp)):
+            for k, v in (
+                ("input_ids", ids),
+                ("input_mask", mask),
+                ("segment_ids", seg),
+                ("masked_lm_positions", pos),
+                ("masked_lm_ids", lab),
+                ("next_sentence_labels", nsp),
+            ):
                 h.create_dataset(k, data=v, compression="gzip")
     return out
 
@@ -49,14 +56,28 @@ def shards(tmp_path) -> Path:
 def tiny_overrides(data: Path, out: Path, **extra) -> list[str]:
     """--set overrides of a tiny, fast, deterministic run (no dropout, fp32, in-process loading)."""
     base = {
-        "model.preset": "tiny", "model.vocab_size": VOCAB, "model.max_position_embeddings": 64,
-        "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
-        "data.input_dir": str(data), "data.num_workers": 0, "data.vocab": "null",
+        "model.preset": "tiny",
+        "model.vocab_size": VOCAB,
+        "model.max_position_embeddings": 64,
+        "model.hidden_dropout": 0.0,
+        "model.attention_dropout": 0.0,
+        "data.input_dir": str(data),
+        "data.num_workers": 0,
+        "data.vocab": "null",
         "data.eval_dir": "null",
-        "train.output_dir": str(out), "train.max_steps": 6, "train.global_batch_size": 8,
-        "train.micro_batch_size": 4, "train.precision": "fp32", "train.device": "cpu", "train.log_every": 1,
-        "train.save_every": 3, "train.eval_every": 3,
-        "train.tensorboard": False, "train.plot": False, "optim.lr": 1e-3, "optim.warmup": 0.2,
+        "train.output_dir": str(out),
+        "train.max_steps": 6,
+        "train.global_batch_size": 8,
+        "train.micro_batch_size": 4,
+        "train.precision": "fp32",
+        "train.device": "cpu",
+        "train.log_every": 1,
+        "train.save_every": 3,
+        "train.eval_every": 3,
+        "train.tensorboard": False,
+        "train.plot": False,
+        "optim.lr": 1e-3,
+        "optim.warmup": 0.2,
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]

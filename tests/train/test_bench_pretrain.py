@@ -4,7 +4,9 @@ import math
 
 import pytest
 
-from bertforge.bench import baseline, pretrain as bench, step as bench_step
+from bertforge.bench import baseline
+from bertforge.bench import pretrain as bench
+from bertforge.bench import step as bench_step
 from bertforge.runtime import step as product
 from bertforge.train import loop
 
@@ -34,8 +36,7 @@ def test_loop_and_benchmarks_call_the_one_step(shards, tmp_path, monkeypatch, ov
     loop.run_pretrain(C.load_config("pretrain", "demo_tiny_128", overrides(shards, tmp_path / "run")))
     assert len(calls) == 6  # train.max_steps
     bench_step.train_step("ours", "tiny", "fp32", batch=4, steps=2, data_dir=str(shards), vocab=64)
-    bench.time_to_accuracy("ours", "tiny", str(shards), str(shards), target=0.0, batch=4, eval_every=1,
-                           eval_batches=1)
+    bench.time_to_accuracy("ours", "tiny", str(shards), str(shards), target=0.0, batch=4, eval_every=1, eval_batches=1)
     assert len(calls) == 6 + 2 + 1
 
 
@@ -52,9 +53,11 @@ def test_hf_labels_match_masked_slots(shards):
 @pytest.mark.parametrize("impl", ["ours", "hf"])
 def test_time_to_accuracy(shards, impl):
     pytest.importorskip("transformers")
-    m = bench.time_to_accuracy(impl, "tiny", str(shards), str(shards), target=0.0, batch=4, eval_every=1,
-                               eval_batches=1)
+    m = bench.time_to_accuracy(
+        impl, "tiny", str(shards), str(shards), target=0.0, batch=4, eval_every=1, eval_batches=1
+    )
     assert m["steps"] == 1 and math.isfinite(m["seconds_to_target"])
-    m = bench.time_to_accuracy(impl, "tiny", str(shards), str(shards), target=1.1, batch=4, eval_every=1,
-                               eval_batches=1, max_seconds=0.01)
+    m = bench.time_to_accuracy(
+        impl, "tiny", str(shards), str(shards), target=1.1, batch=4, eval_every=1, eval_batches=1, max_seconds=0.01
+    )
     assert m["seconds_to_target"] == math.inf

@@ -26,8 +26,15 @@ def _writer(value: float):
 
 
 def _save(root, step, keep=3, hook=None):
-    return ckpt.save_checkpoint(root, step, _writer(step), {"w": torch.full((3,), float(step)), "cursor": step},
-                                {"note": "x"}, keep_last=keep, _before_rename=hook)
+    return ckpt.save_checkpoint(
+        root,
+        step,
+        _writer(step),
+        {"w": torch.full((3,), float(step)), "cursor": step},
+        {"note": "x"},
+        keep_last=keep,
+        _before_rename=hook,
+    )
 
 
 def test_numeric_order_and_keep_last(tmp_path):

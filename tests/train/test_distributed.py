@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge.train import checkpoint as ckpt
 from bertforge.runtime.distributed import env_info
+from bertforge.train import checkpoint as ckpt
 
 
 def _free_port() -> int:
@@ -41,11 +41,25 @@ def _run(args: list[str], timeout: int = 300) -> None:
 
 def test_two_processes_equal_one(shards, tmp_path, overrides):
     one, two = tmp_path / "one", tmp_path / "two"
-    sets = lambda out: [f"--set={s}" for s in overrides(shards, out, **{"train.max_steps": 4,
-                                                                      "train.save_every": 2})]  # noqa: E731
+    sets = lambda out: [f"--set={s}" for s in overrides(shards, out, **{"train.max_steps": 4, "train.save_every": 2})]  # noqa: E731
     _run([sys.executable, "-m", "bertforge", "pretrain", *sets(one)])
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-          "--master-port", str(_free_port()), "-m", "bertforge", "pretrain", *sets(two)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+            "-m",
+            "bertforge",
+            "pretrain",
+            *sets(two),
+        ]
+    )
     a, b = _weights(one), _weights(two)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
@@ -62,28 +76,66 @@ def test_two_nodes_on_loopback(shards, tmp_path, overrides):
     out = tmp_path / "nodes"
     port = _free_port()
     sets = [f"--set={s}" for s in overrides(shards, out, **{"train.max_steps": 3})]
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
-         "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-         "--rdzv-id", "bertforge-test", "-m", "bertforge", "pretrain", *sets],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "bertforge-test",
+                "-m",
+                "bertforge",
+                "pretrain",
+                *sets,
+            ],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     outs = [a.communicate(timeout=300)[0] for a in agents]
     assert all(a.returncode == 0 for a in agents), "\n".join(o[-3000:] for o in outs)
     latest = ckpt.latest_checkpoint(out / "checkpoints")
     assert latest.step == 3 and latest.meta()["world_size"] == 2
 
 
-@pytest.mark.parametrize("env,expected", [
-    ({}, (0, 1, 0, "none")),
-    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, (3, 8, 1, "torchrun")),
-    ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "5"},
-     (5, 16, 5, "mpi")),
-    ({"PMI_RANK": "2", "PMI_SIZE": "4"}, (2, 4, 0, "mpi")),
-    ({"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0",
-      "SLURM_NTASKS_PER_NODE": "8(x2)"}, (9, 16, 1, "slurm")),
-    # an sbatch script itself (no job step) is not a distributed rank
-    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "16"}, (0, 1, 0, "none")),
-])
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({}, (0, 1, 0, "none")),
+        ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, (3, 8, 1, "torchrun")),
+        (
+            {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_LOCAL_RANK": "5"},
+            (5, 16, 5, "mpi"),
+        ),
+        ({"PMI_RANK": "2", "PMI_SIZE": "4"}, (2, 4, 0, "mpi")),
+        (
+            {
+                "SLURM_PROCID": "9",
+                "SLURM_NTASKS": "16",
+                "SLURM_LOCALID": "1",
+                "SLURM_STEP_ID": "0",
+                "SLURM_NTASKS_PER_NODE": "8(x2)",
+            },
+            (9, 16, 1, "slurm"),
+        ),
+        # an sbatch script itself (no job step) is not a distributed rank
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "16"}, (0, 1, 0, "none")),
+    ],
+)
 def test_env_info(env, expected):
     info = env_info(env)
     assert (info.rank, info.world_size, info.local_rank, info.launcher) == expected

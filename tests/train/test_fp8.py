@@ -19,9 +19,14 @@ def _model():
 def _batch():
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(5, 512, (4, 32), generator=g)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids),
-            "masked_positions": torch.tensor([[1, 5, 9]] * 4), "masked_labels": torch.randint(5, 512, (4, 3), generator=g),
-            "nsp_labels": torch.tensor([0, 1, 0, 1])}
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "token_type_ids": torch.zeros_like(ids),
+        "masked_positions": torch.tensor([[1, 5, 9]] * 4),
+        "masked_labels": torch.randint(5, 512, (4, 3), generator=g),
+        "nsp_labels": torch.tensor([0, 1, 0, 1]),
+    }
 
 
 def test_convert_keeps_parameters_and_tracks_the_reference():
@@ -33,7 +38,9 @@ def test_convert_keeps_parameters_and_tracks_the_reference():
     n = fp8.convert(model, emulate=True)
     assert n == 4 * 4 + 2  # qkv, attention out, intermediate, output per layer (4 layers); pooler, MLM transform
     assert [id(p) for p in model.parameters()] == params and model.state_dict().keys() == ref.keys()
-    assert not any("seq_relationship" in name and type(m).__name__ == "Float8Linear" for name, m in model.named_modules())
+    assert not any(
+        "seq_relationship" in name and type(m).__name__ == "Float8Linear" for name, m in model.named_modules()
+    )
     out = model(**_batch())
     out.loss.backward()
     assert torch.isfinite(out.loss) and abs(out.loss.item() - want.item()) < 0.05 * want.item()
@@ -69,9 +76,21 @@ def test_loop_trains_in_fp8_and_falls_back(shards, tmp_path, overrides, monkeypa
         return run
 
     monkeypatch.setattr(loop, "setup", setup)
-    cfg = C.load_config("pretrain", "demo_tiny_128", overrides(shards, tmp_path / "run", **{
-        "model.preset": "mini", "train.fp8": True, "train.fp8_emulate": True, "train.precision": "bf16",
-        "train.max_steps": 3}))
+    cfg = C.load_config(
+        "pretrain",
+        "demo_tiny_128",
+        overrides(
+            shards,
+            tmp_path / "run",
+            **{
+                "model.preset": "mini",
+                "train.fp8": True,
+                "train.fp8_emulate": True,
+                "train.precision": "bf16",
+                "train.max_steps": 3,
+            },
+        ),
+    )
     summary = loop.run_pretrain(cfg)
     assert seen["converted"] == 18 and summary["step"] == 3
     assert not any(type(m).__name__ == "Float8Linear" for m in seen["run"].model.modules())

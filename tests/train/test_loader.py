@@ -96,8 +96,19 @@ def _dynamic_shard(path, rows=40, seq_len=24):
         h.create_dataset("input_mask", data=mask)
         h.create_dataset("segment_ids", data=np.zeros_like(mask))
         h.create_dataset("next_sentence_labels", data=np.zeros(rows, np.int8))
-        h.attrs.update({"bertforge_kind": "dynamic", "vocab_size": 64, "max_pred": 4, "masked_lm_prob": 0.15,
-                        "pad_id": 0, "cls_id": 2, "sep_id": 3, "mask_id": 4, "wwm": False})
+        h.attrs.update(
+            {
+                "bertforge_kind": "dynamic",
+                "vocab_size": 64,
+                "max_pred": 4,
+                "masked_lm_prob": 0.15,
+                "pad_id": 0,
+                "cls_id": 2,
+                "sep_id": 3,
+                "mask_id": 4,
+                "wwm": False,
+            }
+        )
     return ids
 
 
@@ -144,7 +155,10 @@ def test_packed_rows(tmp_path):
     positions[0, :10] = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
     positions[1, :5] = range(5)
     arrays = {
-        "input_ids": ids, "input_mask": mask, "segment_ids": np.zeros((2, S), np.int8), "positions": positions,
+        "input_ids": ids,
+        "input_mask": mask,
+        "segment_ids": np.zeros((2, S), np.int8),
+        "positions": positions,
         "masked_lm_positions": np.array([[2, 7, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]], np.int32),
         "masked_lm_ids": np.array([[8, 11, 0, 0, 0, 0], [20, 0, 0, 0, 0, 0]], np.int32),
         "next_sentence_positions": np.array([[0, 5], [0, 0]], np.int32),
@@ -173,16 +187,18 @@ def test_dynamic_masking_packed_on_the_fly(tmp_path):
     d.mkdir()
     original = _dynamic_shard(d / "shard_0.hdf5", seq_len=48)
     plain = _take(PretrainLoader.from_dir(d, 8, 8, 0, 1, seed=0, num_workers=0, vocab_size=64).iterate(), 5)
-    packed = _take(PretrainLoader.from_dir(d, 8, 8, 0, 1, seed=0, num_workers=0, vocab_size=64,
-                                           pack_per_row=3).iterate(), 5)
+    packed = _take(
+        PretrainLoader.from_dir(d, 8, 8, 0, 1, seed=0, num_workers=0, vocab_size=64, pack_per_row=3).iterate(), 5
+    )
     rows_plain = rows_packed = 0
     for a, b in zip(plain, packed):
         assert (b["nsp_labels"] >= 0).sum() == 8  # every sequence of the window, once
         assert (b["attention_mask"] != 0).sum() == (a["attention_mask"] != 0).sum()  # every real token
         assert (b["masked_positions"] > 0).sum() == (a["masked_positions"] > 0).sum()  # every prediction
         # the masked tokens are the same multiset (positions shift, ids do not)
-        assert sorted(b["masked_labels"][b["masked_positions"] > 0].tolist()) == \
-            sorted(a["masked_labels"][a["masked_positions"] > 0].tolist())
+        assert sorted(b["masked_labels"][b["masked_positions"] > 0].tolist()) == sorted(
+            a["masked_labels"][a["masked_positions"] > 0].tolist()
+        )
         assert int(b["attention_mask"].max()) <= 3 and "position_ids" in b
         rows_plain, rows_packed = rows_plain + a["input_ids"].shape[0], rows_packed + b["input_ids"].shape[0]
     assert rows_packed < rows_plain

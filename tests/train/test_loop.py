@@ -17,7 +17,6 @@ from bertforge.train import checkpoint as ckpt
 from bertforge.train.loop import run_pretrain
 
 
-
 @pytest.fixture(autouse=True)
 def _ov(overrides):
     global tiny_overrides
@@ -65,8 +64,13 @@ def test_phase2_from_phase1(shards, tmp_path):
     p1 = tmp_path / "p1"
     run_pretrain(_cfg(shards, p1, **{"train.max_steps": 3}))
     p2 = tmp_path / "p2"
-    summary = run_pretrain(_cfg(shards, p2, **{"train.max_steps": 4, "train.init_checkpoint": str(p1),
-                                               "train.save_every": 2, "optim.lr": 5e-4}))
+    summary = run_pretrain(
+        _cfg(
+            shards,
+            p2,
+            **{"train.max_steps": 4, "train.init_checkpoint": str(p1), "train.save_every": 2, "optim.lr": 5e-4},
+        )
+    )
     assert summary["phase"] == 2 and summary["step"] == 4 and summary["global_step"] == 7
     names = [c.path.name for c in ckpt.list_checkpoints(p2 / "checkpoints")]
     assert names == ["step_00000005", "step_00000007"]  # run-wide steps: phase-1's 3 + phase-2's
@@ -79,10 +83,16 @@ def test_phase2_from_phase1(shards, tmp_path):
     assert first["step"] == 4 and first["lr"] == pytest.approx(5e-4 * (1 - 1 / 4) ** 0.5)
     # resume in the middle of phase 2 continues phase 2 (not phase 1, not a fresh phase 2)
     mid = tmp_path / "mid"
-    run_pretrain(_cfg(shards, mid, **{"train.max_steps": 4, "train.init_checkpoint": str(p1),
-                                      "train.stop_after_steps": 2, "optim.lr": 5e-4}))
-    resumed = run_pretrain(_cfg(shards, mid, **{"train.max_steps": 4, "train.init_checkpoint": str(p1),
-                                                "optim.lr": 5e-4}), resume=True)
+    run_pretrain(
+        _cfg(
+            shards,
+            mid,
+            **{"train.max_steps": 4, "train.init_checkpoint": str(p1), "train.stop_after_steps": 2, "optim.lr": 5e-4},
+        )
+    )
+    resumed = run_pretrain(
+        _cfg(shards, mid, **{"train.max_steps": 4, "train.init_checkpoint": str(p1), "optim.lr": 5e-4}), resume=True
+    )
     assert resumed["phase"] == 2 and resumed["global_step"] == 7
     a, b = _weights(p2), _weights(mid)
     for k in a:
@@ -91,8 +101,17 @@ def test_phase2_from_phase1(shards, tmp_path):
 
 def test_nonfinite_steps_stop_with_checkpoint(shards, tmp_path):
     out = tmp_path / "nan"
-    cfg = _cfg(shards, out, **{"train.max_nonfinite_steps": 2, "optim.lr": 1e30, "optim.warmup": 0.0,
-                               "optim.name": "adamw", "train.save_every": 100})
+    cfg = _cfg(
+        shards,
+        out,
+        **{
+            "train.max_nonfinite_steps": 2,
+            "optim.lr": 1e30,
+            "optim.warmup": 0.0,
+            "optim.name": "adamw",
+            "train.save_every": 100,
+        },
+    )
     with pytest.raises(UserError, match="non-finite gradient steps in a row"):
         run_pretrain(cfg)
     saved = ckpt.latest_checkpoint(out / "checkpoints")
@@ -106,12 +125,29 @@ def test_nonfinite_steps_stop_with_checkpoint(shards, tmp_path):
 def test_cli_outputs_and_transformers_loads(shards, tmp_path, capsys):
     out = tmp_path / "cli"
     js = tmp_path / "dll.json"
-    rc = main(["pretrain", "--config", "demo_tiny_128", "--json-summary", str(js),
-               *["--set=" + s for s in tiny_overrides(shards, out, **{"train.max_steps": 3,
-                                                                        "data.eval_dir": str(shards),
-                                                                        "data.eval_batches": 2,
-                                                                        "train.plot": True,
-                                                                        "train.tensorboard": True})]])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "demo_tiny_128",
+            "--json-summary",
+            str(js),
+            *[
+                "--set=" + s
+                for s in tiny_overrides(
+                    shards,
+                    out,
+                    **{
+                        "train.max_steps": 3,
+                        "data.eval_dir": str(shards),
+                        "data.eval_batches": 2,
+                        "train.plot": True,
+                        "train.tensorboard": True,
+                    },
+                )
+            ],
+        ]
+    )
     assert rc == 0
     assert "done: phase 1 step 3" in capsys.readouterr().out
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -150,30 +186,42 @@ def test_packed_shards_train(tmp_path):
     for r in range(N):
         for k, off in enumerate((0, 14)):
             body = rng.integers(5, 64, 10)
-            ids[r, off:off + 12] = [2, *body, 3]
-            mask[r, off:off + 12] = k + 1
-            pos[r, off:off + 12] = range(12)
-            mpos[r, 3 * k:3 * k + 3] = off + 1 + np.arange(3)
-            mids[r, 3 * k:3 * k + 3] = ids[r, off + 1:off + 4]
-            ids[r, off + 1:off + 4] = 4
+            ids[r, off : off + 12] = [2, *body, 3]
+            mask[r, off : off + 12] = k + 1
+            pos[r, off : off + 12] = range(12)
+            mpos[r, 3 * k : 3 * k + 3] = off + 1 + np.arange(3)
+            mids[r, 3 * k : 3 * k + 3] = ids[r, off + 1 : off + 4]
+            ids[r, off + 1 : off + 4] = 4
     with h5py.File(d / "packed_0.hdf5", "w") as h:
-        for k, v in {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(mask), "positions": pos,
-                     "masked_lm_positions": mpos, "masked_lm_ids": mids,
-                     "next_sentence_positions": np.tile([0, 14], (N, 1)).astype(np.int32),
-                     "next_sentence_labels": np.zeros((N, 2), np.int8),
-                     "next_sentence_weights": np.ones((N, 2), np.int8)}.items():
+        for k, v in {
+            "input_ids": ids,
+            "input_mask": mask,
+            "segment_ids": np.zeros_like(mask),
+            "positions": pos,
+            "masked_lm_positions": mpos,
+            "masked_lm_ids": mids,
+            "next_sentence_positions": np.tile([0, 14], (N, 1)).astype(np.int32),
+            "next_sentence_labels": np.zeros((N, 2), np.int8),
+            "next_sentence_weights": np.ones((N, 2), np.int8),
+        }.items():
             h.create_dataset(k, data=v)
     (d / "packing.json").write_text(json.dumps({"avg_seq_per_sample": 2.0}))
-    summary = run_pretrain(_cfg(d, tmp_path / "run", **{"train.max_steps": 2, "train.global_batch_size": 8,
-                                                         "train.micro_batch_size": 2}))
+    summary = run_pretrain(
+        _cfg(d, tmp_path / "run", **{"train.max_steps": 2, "train.global_batch_size": 8, "train.micro_batch_size": 2})
+    )
     assert summary["sequences"] == 2 * 8  # 4 packs x 2 sequences per update
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_runs(shards, tmp_path, precision):
     """bf16 autocast and fp16 with dynamic loss scaling train on CPU (GPUs use them; the lead checks CUDA)."""
-    summary = run_pretrain(_cfg(shards, tmp_path / precision, **{"train.max_steps": 2, "train.precision": precision,
-                                                                  "train.save_every": 100}))
+    summary = run_pretrain(
+        _cfg(
+            shards,
+            tmp_path / precision,
+            **{"train.max_steps": 2, "train.precision": precision, "train.save_every": 100},
+        )
+    )
     assert summary["precision"] == precision and summary["step"] == 2
     assert summary["final_loss"] is not None and summary["final_loss"] == summary["final_loss"]  # not NaN
     state = ckpt.latest_checkpoint(tmp_path / precision / "checkpoints").load_state()
@@ -189,11 +237,21 @@ def test_synthetic_source_trains_and_profiles(tmp_path, overrides, pack):
     from bertforge.runtime.metrics import read_jsonl
 
     out = tmp_path / "run"
-    sets = overrides("synthetic", out, **{"data.synthetic_seq_len": 64, "data.synthetic_max_pred": 8,
-                                          "data.synthetic_vocab_size": 64, "data.synthetic_pack": pack,
-                                          "train.max_steps": 4, "train.save_every": 0})
-    assert main(["pretrain", "--config", "demo_tiny_128", "--profile", "2",
-                 *(x for s in sets for x in ("--set", s))]) == 0
+    sets = overrides(
+        "synthetic",
+        out,
+        **{
+            "data.synthetic_seq_len": 64,
+            "data.synthetic_max_pred": 8,
+            "data.synthetic_vocab_size": 64,
+            "data.synthetic_pack": pack,
+            "train.max_steps": 4,
+            "train.save_every": 0,
+        },
+    )
+    assert (
+        main(["pretrain", "--config", "demo_tiny_128", "--profile", "2", *(x for s in sets for x in ("--set", s))]) == 0
+    )
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r]
     assert len(rows) == 4 and all(math.isfinite(r["loss"]) and r["mfu"] > 0 for r in rows)
     if pack:  # packed rows carry more than one sequence each

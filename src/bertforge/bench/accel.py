@@ -15,6 +15,7 @@ import torch
 
 from bertforge import device as dev
 
+
 def parity(device: str = "auto", preset: str = "tiny", seq: int = 64, batch: int = 4) -> dict[str, float]:
     """Max |ours - transformers| on the device for every attention kernel, fp32 and bf16 autocast, plus the
     packed-vs-padded difference. Raises if a difference is beyond its tolerance, so a benchmark run fails loudly."""
@@ -25,8 +26,14 @@ def parity(device: str = "auto", preset: str = "tiny", seq: int = 64, batch: int
     d = dev.resolve_device(device)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    hf_cfg = transformers.BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=512, max_position_embeddings=512)
+    hf_cfg = transformers.BertConfig(
+        vocab_size=1000,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=512,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     hf = transformers.BertForPreTraining._from_config(hf_cfg, attn_implementation="eager").eval().to(d)
     g = torch.Generator().manual_seed(1)
@@ -50,7 +57,9 @@ def parity(device: str = "auto", preset: str = "tiny", seq: int = 64, batch: int
                     h = ours.bert(ids, mask, types)
                 real = mask.bool()
                 diff_h = (h.float() - hidden_ref.float())[real].abs().max().item()
-                mlm_ref = ref.prediction_logits.gather(1, pos[..., None].expand(-1, -1, ref.prediction_logits.shape[-1]))
+                mlm_ref = ref.prediction_logits.gather(
+                    1, pos[..., None].expand(-1, -1, ref.prediction_logits.shape[-1])
+                )
                 diff_mlm = (o.mlm_logits.float().view_as(mlm_ref) - mlm_ref.float()).abs().max().item()
                 diff_nsp = (o.nsp_logits.float() - ref.seq_relationship_logits.float()).abs().max().item()
                 worst = max(diff_h, diff_mlm, diff_nsp)
@@ -65,8 +74,10 @@ def parity(device: str = "auto", preset: str = "tiny", seq: int = 64, batch: int
             with torch.inference_mode():
                 packed = ours.bert(row_ids, row_mask, torch.zeros_like(row_ids), position_ids=row_pos)
                 single = ours.bert(ids[2:4], mask[2:4], types[2:4])
-            diff_p = max((packed[0, :la] - single[0, :la]).abs().max().item(),
-                         (packed[0, la:la + lb] - single[1, :lb]).abs().max().item())
+            diff_p = max(
+                (packed[0, :la] - single[0, :la]).abs().max().item(),
+                (packed[0, la : la + lb] - single[1, :lb]).abs().max().item(),
+            )
             out[f"{attention}_packed_maxdiff"] = diff_p
             if diff_p > 1e-4:
                 raise AssertionError(f"{attention} packed vs padded on {d}: max diff {diff_p:.3g}")

@@ -30,9 +30,13 @@ def dense_labels(b: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def hf_inputs(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Our batch (bertforge.data.loader names) as `BertForPreTraining`'s keyword arguments."""
-    return {"input_ids": b["input_ids"], "token_type_ids": b["token_type_ids"],
-            "attention_mask": (b["attention_mask"] != 0).long(), "labels": dense_labels(b),
-            "next_sentence_label": b["nsp_labels"]}
+    return {
+        "input_ids": b["input_ids"],
+        "token_type_ids": b["token_type_ids"],
+        "attention_mask": (b["attention_mask"] != 0).long(),
+        "labels": dense_labels(b),
+        "next_sentence_label": b["nsp_labels"],
+    }
 
 
 def hf_config(config: Any):
@@ -41,24 +45,34 @@ def hf_config(config: Any):
     return transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
 
 
-def hf_pretraining(config: Any, device: torch.device, lr: float = 1e-4,
-                   weight_decay: float = 0.01) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def hf_pretraining(
+    config: Any, device: torch.device, lr: float = 1e-4, weight_decay: float = 0.01
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """`BertForPreTraining` of our config (SDPA) on `device`, in train mode, and its AdamW (no decay on biases and
     LayerNorm; fused on CUDA, foreach elsewhere: the kernels `bertforge.optim.build_optimizer` picks for ours)."""
     import transformers
 
     model = transformers.BertForPreTraining._from_config(hf_config(config), attn_implementation="sdpa")
     model.to(device).train()
-    groups = [{"params": [p for n, p in model.named_parameters() if not any(k in n for k in NO_DECAY)],
-               "weight_decay": weight_decay},
-              {"params": [p for n, p in model.named_parameters() if any(k in n for k in NO_DECAY)],
-               "weight_decay": 0.0}]
-    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return model, torch.optim.AdamW(groups, lr=lr, **fast)
+    groups = [
+        {
+            "params": [p for n, p in model.named_parameters() if not any(k in n for k in NO_DECAY)],
+            "weight_decay": weight_decay,
+        },
+        {"params": [p for n, p in model.named_parameters() if any(k in n for k in NO_DECAY)], "weight_decay": 0.0},
+    ]
+    cuda = device.type == "cuda"
+    return model, torch.optim.AdamW(groups, lr=lr, fused=True if cuda else None, foreach=None if cuda else True)
 
 
-def hf_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-            device: torch.device, precision: str, max_grad_norm: float = 1.0) -> torch.Tensor:
+def hf_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor],
+    device: torch.device,
+    precision: str,
+    max_grad_norm: float = 1.0,
+) -> torch.Tensor:
     """The baseline's training step: forward under autocast, backward, clip, AdamW step. Returns the loss."""
     x = hf_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
     with dev.autocast(device, precision):
@@ -77,8 +91,11 @@ def hf_mlm_accuracy(model: torch.nn.Module, batches: list[dict[str, torch.Tensor
     ok = n = 0
     for x in batches:
         labels = dense_labels(x)
-        logits = model(input_ids=x["input_ids"], token_type_ids=x["token_type_ids"],
-                       attention_mask=(x["attention_mask"] != 0).long()).prediction_logits
+        logits = model(
+            input_ids=x["input_ids"],
+            token_type_ids=x["token_type_ids"],
+            attention_mask=(x["attention_mask"] != 0).long(),
+        ).prediction_logits
         m = labels != -100
         ok += int((logits.argmax(-1)[m] == labels[m]).sum())
         n += int(m.sum())

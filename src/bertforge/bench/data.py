@@ -46,8 +46,11 @@ def _docs(repeat: int) -> Path:
         with open(src, "wb") as f:
             for _ in range(repeat):
                 f.write(text)
-    subprocess.run([sys.executable, "-m", "bertforge", "data", "docs", "--source", str(src), "--out", str(docs),
-                    "--shards", "8"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "bertforge", "data", "docs", "--source", str(src), "--out", str(docs), "--shards", "8"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return docs
 
 
@@ -74,8 +77,9 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str,
     peak = peak_one = 0
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env={**os.environ, **env} if env else None)
+    child = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, **env} if env else None
+    )
     ps = psutil.Process(child.pid)
     done = threading.Event()
 
@@ -98,20 +102,46 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str,
     cpu = (ru.ru_utime + ru.ru_stime) - (before.ru_utime + before.ru_stime)
     # cpu_s: CPU seconds of all processes; on a shared, loaded machine cpu_s / cores is the wall time the run
     # would take with the cores to itself
-    return {"shards_wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20,
-            "max_process_rss_mb": peak_one / 2**20}
+    return {"shards_wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20, "max_process_rss_mb": peak_one / 2**20}
 
 
-def shards(repeat: int = 10, seq_len: int = 128, max_pred: int = 20, dupe_factor: int = 5, num_shards: int = 16,
-           workers: int = 0, wwm: bool = False) -> dict[str, float]:
+def shards(
+    repeat: int = 10,
+    seq_len: int = 128,
+    max_pred: int = 20,
+    dupe_factor: int = 5,
+    num_shards: int = 16,
+    workers: int = 0,
+    wwm: bool = False,
+) -> dict[str, float]:
     """`bertforge data shards` on WikiText-2 raw test x `repeat` with the uncased BERT vocab."""
     docs = _docs(repeat)
     vocab = SHARED / "bert_vocab" / "bert-base-uncased-vocab.txt"
     out = Path(tempfile.mkdtemp(prefix="bertforge-bench-shards-"))
     try:
-        cmd = [sys.executable, "-m", "bertforge", "data", "shards", "--docs", str(docs), "--vocab", str(vocab),
-               "--out", str(out), "--seq-len", str(seq_len), "--max-pred", str(max_pred),
-               "--dupe-factor", str(dupe_factor), "--shards", str(num_shards), "--workers", str(workers)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bertforge",
+            "data",
+            "shards",
+            "--docs",
+            str(docs),
+            "--vocab",
+            str(vocab),
+            "--out",
+            str(out),
+            "--seq-len",
+            str(seq_len),
+            "--max-pred",
+            str(max_pred),
+            "--dupe-factor",
+            str(dupe_factor),
+            "--shards",
+            str(num_shards),
+            "--workers",
+            str(workers),
+        ]
         if wwm:
             cmd.append("--wwm")
         m = run_measured(cmd)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 
 import torch
@@ -21,27 +20,42 @@ from bertforge.model import BertConfig, build_model
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime.metrics import save_figure
-from bertforge.runtime.step import TrainStep, set_lr, train_step as product_step
+from bertforge.runtime.step import TrainStep, set_lr
+from bertforge.runtime.step import train_step as product_step
+
 
 def _tta_side(impl: str, config, base_lr: float | None, precision: str):
     """(lr, schedule, one-update function) for a side of `time_to_accuracy`: ours is the product's step with LAMB,
     the baseline `hf_step` with AdamW."""
     cpu = torch.device("cpu")
     if impl == "ours":
-        model = build_model(config, "pretraining")
+        model: torch.nn.Module = build_model(config, "pretraining")
         lr = base_lr or 5e-3
-        step = TrainStep.build(model, build_optimizer(model, "lamb", lr, 0.01, (0.9, 0.999), 1e-6, "cpu"), cpu,
-                               precision)
+        step = TrainStep.build(
+            model, build_optimizer(model, "lamb", lr, 0.01, (0.9, 0.999), 1e-6, "cpu"), cpu, precision
+        )
         return model, step.optimizer, lr, "poly", lambda x: product_step(step, [x], 1)
     model, opt = hf_pretraining(config, cpu, weight_decay=0.01)
     lr = base_lr or 1e-3
     return model, opt, lr, "linear", lambda x: hf_step(model, opt, x, cpu, precision)
 
 
-def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "", eval_dir: str = "",
-                     target: float = 0.10, batch: int = 32, lr: float | None = None, max_seconds: float = 600,
-                     eval_every: int = 25, eval_batches: int = 10, threads: int | None = None,
-                     precision: str = "fp32", horizon: int = 2000, curve: str | None = None) -> dict[str, float]:
+def time_to_accuracy(
+    impl: str = "ours",
+    preset: str = "mini",
+    data_dir: str = "",
+    eval_dir: str = "",
+    target: float = 0.10,
+    batch: int = 32,
+    lr: float | None = None,
+    max_seconds: float = 600,
+    eval_every: int = 25,
+    eval_batches: int = 10,
+    threads: int | None = None,
+    precision: str = "fp32",
+    horizon: int = 2000,
+    curve: str | None = None,
+) -> dict[str, float]:
     """Train from scratch on `data_dir` until held-out MLM accuracy on `eval_dir` reaches `target`.
 
     ours: the product's step with LAMB (lr 5e-3 by default, poly warmup over the first 5% of a `horizon`-step
@@ -50,7 +64,8 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
     Evaluation time is excluded. `curve`: a JSON-lines file that gets (train_s, step, acc) after every
     evaluation. Returns seconds (inf if the limit was reached), steps and final accuracy.
     """
-    from bertforge.data.loader import PretrainLoader, eval_batches as eval_iter
+    from bertforge.data.loader import PretrainLoader
+    from bertforge.data.loader import eval_batches as eval_iter
     from bertforge.data.shardset import ShardSet
 
     cpu = torch.device("cpu")
@@ -77,8 +92,12 @@ def time_to_accuracy(impl: str = "ours", preset: str = "mini", data_dir: str = "
                     f.write(json.dumps({"impl": impl, "train_s": round(train_s, 2), "step": step, "acc": acc}) + "\n")
             if acc >= target:
                 break
-    return {"seconds_to_target": train_s if acc >= target else math.inf, "steps": float(step),
-            "final_eval_mlm_acc": acc, "train_s": train_s}
+    return {
+        "seconds_to_target": train_s if acc >= target else math.inf,
+        "steps": float(step),
+        "final_eval_mlm_acc": acc,
+        "train_s": train_s,
+    }
 
 
 def _vocab_from_shards(data_dir: str, at_least: int) -> int:

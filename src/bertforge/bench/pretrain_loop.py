@@ -32,25 +32,65 @@ from bertforge.runtime.metrics import read_jsonl
 def _data_overrides(seq_len: int, max_pred: int, pack: int, histogram: str, data_dir: str | None) -> list[str]:
     if data_dir:
         return [f"data.input_dir={data_dir}"]
-    return ["data.input_dir=synthetic", f"data.synthetic_seq_len={seq_len}", f"data.synthetic_max_pred={max_pred}",
-            f"data.synthetic_pack={pack}", f"data.synthetic_histogram={histogram}"]
+    return [
+        "data.input_dir=synthetic",
+        f"data.synthetic_seq_len={seq_len}",
+        f"data.synthetic_max_pred={max_pred}",
+        f"data.synthetic_pack={pack}",
+        f"data.synthetic_histogram={histogram}",
+    ]
 
 
-def loop(preset: str = "base", seq_len: int = 128, max_pred: int = 20, pack: int = 0, histogram: str = "wiki",
-         micro_batch: int = 64, accum: int = 1, steps: int = 80, warmup_steps: int = 20, log_every: int = 1,
-         precision: str = "bf16", device: str = "auto", data_dir: str | None = None, timeout_s: float = 1200,
-         extra: list[str] | None = None, seed: int = 12345, curve: str | None = None) -> dict[str, float]:
+def loop(
+    preset: str = "base",
+    seq_len: int = 128,
+    max_pred: int = 20,
+    pack: int = 0,
+    histogram: str = "wiki",
+    micro_batch: int = 64,
+    accum: int = 1,
+    steps: int = 80,
+    warmup_steps: int = 20,
+    log_every: int = 1,
+    precision: str = "bf16",
+    device: str = "auto",
+    data_dir: str | None = None,
+    timeout_s: float = 1200,
+    extra: list[str] | None = None,
+    seed: int = 12345,
+    curve: str | None = None,
+) -> dict[str, float]:
     """Run `bertforge pretrain --config pretrain_<preset>_<128|512>` for `steps` updates and summarise;
     `curve`: also copy the run's metrics.jsonl there (loss curves of fast paths against eager)."""
     config = f"pretrain_{preset}_{128 if seq_len <= 128 else 512}"
     with tempfile.TemporaryDirectory(prefix="bertforge-loop-") as out:
-        sets = [f"train.output_dir={out}", f"train.max_steps={steps}", f"train.log_every={log_every}",
-                f"train.micro_batch_size={micro_batch}", f"train.global_batch_size={micro_batch * accum}",
-                f"train.precision={precision}", f"train.device={device}", "train.save_every=0",
-                "train.tensorboard=false", "train.plot=false", "train.init_checkpoint=null", "data.eval_dir=null",
-                f"train.seed={seed}", "model.init_from=null", *_data_overrides(seq_len, max_pred, pack, histogram, data_dir),
-                *(extra or [])]
-        cmd = [sys.executable, "-m", "bertforge", "pretrain", "--config", config, *(x for s in sets for x in ("--set", s))]
+        sets = [
+            f"train.output_dir={out}",
+            f"train.max_steps={steps}",
+            f"train.log_every={log_every}",
+            f"train.micro_batch_size={micro_batch}",
+            f"train.global_batch_size={micro_batch * accum}",
+            f"train.precision={precision}",
+            f"train.device={device}",
+            "train.save_every=0",
+            "train.tensorboard=false",
+            "train.plot=false",
+            "train.init_checkpoint=null",
+            "data.eval_dir=null",
+            f"train.seed={seed}",
+            "model.init_from=null",
+            *_data_overrides(seq_len, max_pred, pack, histogram, data_dir),
+            *(extra or []),
+        ]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bertforge",
+            "pretrain",
+            "--config",
+            config,
+            *(x for s in sets for x in ("--set", s)),
+        ]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
         wall = time.perf_counter() - t0
@@ -61,8 +101,11 @@ def loop(preset: str = "base", seq_len: int = 128, max_pred: int = 20, pack: int
         if curve:
             Path(curve).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(out) / "metrics.jsonl", curve)
-    return {**summarise(rows, warmup_steps), "first_step_s": float(summary.get("first_step_s") or 0.0),
-            "wall_s_child": wall}
+    return {
+        **summarise(rows, warmup_steps),
+        "first_step_s": float(summary.get("first_step_s") or 0.0),
+        "wall_s_child": wall,
+    }
 
 
 def summarise(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, float]:
@@ -70,16 +113,29 @@ def summarise(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, float]
     after = [r for r in rows if r.get("step_in_phase", r["step"]) > warmup_steps]
     if not after:
         raise UserError(f"no logged step after the {warmup_steps} warm-up steps; raise steps")
-    med = {k: statistics.median(float(r[k]) for r in after if r.get(k) is not None)
-           for k in ("seq_per_s", "tokens_per_s", "rows_per_s", "mfu", "data_wait", "peak_mem_gb")
-           if any(r.get(k) is not None for r in after)}
-    return {**med, "steps_measured": float(after[-1]["step_in_phase"] - warmup_steps),
-            "final_loss": float(after[-1]["loss"])}
+    med = {
+        k: statistics.median(float(r[k]) for r in after if r.get(k) is not None)
+        for k in ("seq_per_s", "tokens_per_s", "rows_per_s", "mfu", "data_wait", "peak_mem_gb")
+        if any(r.get(k) is not None for r in after)
+    }
+    return {
+        **med,
+        "steps_measured": float(after[-1]["step_in_phase"] - warmup_steps),
+        "final_loss": float(after[-1]["loss"]),
+    }
 
 
-def hf_loop(preset: str = "base", seq_len: int = 128, max_pred: int = 20, histogram: str = "wiki",
-            micro_batch: int = 64, steps: int = 60, warmup_steps: int = 10, precision: str = "bf16",
-            device: str = "auto") -> dict[str, float]:
+def hf_loop(
+    preset: str = "base",
+    seq_len: int = 128,
+    max_pred: int = 20,
+    histogram: str = "wiki",
+    micro_batch: int = 64,
+    steps: int = 60,
+    warmup_steps: int = 10,
+    precision: str = "bf16",
+    device: str = "auto",
+) -> dict[str, float]:
     """The baseline in a plain loop on the same synthetic source (unpacked: HF's model reads no packed rows);
     per-step time with a device sync, median after the warm-up."""
     from bertforge.bench.baseline import hf_pretraining, hf_step
@@ -92,8 +148,17 @@ def hf_loop(preset: str = "base", seq_len: int = 128, max_pred: int = 20, histog
     config = BertConfig.from_preset(preset, vocab_size=30522, max_position_embeddings=512)
     torch.manual_seed(0)
     model, opt = hf_pretraining(config, where)
-    data = SyntheticLoader(seq_len=seq_len, max_pred=max_pred, vocab_size=30522, global_batch=micro_batch,
-                           micro_batch=micro_batch, rank=0, world_size=1, seed=0, histogram=histogram).iterate()
+    data = SyntheticLoader(
+        seq_len=seq_len,
+        max_pred=max_pred,
+        vocab_size=30522,
+        global_batch=micro_batch,
+        micro_batch=micro_batch,
+        rank=0,
+        world_size=1,
+        seed=0,
+        histogram=histogram,
+    ).iterate()
     dev.reset_peak_memory(where)
     times, tokens, masked = [], [], []
     for i in range(steps):
@@ -113,6 +178,10 @@ def hf_loop(preset: str = "base", seq_len: int = 128, max_pred: int = 20, histog
     peak = dev.max_memory_allocated(where) / 2**30
     del model, opt  # hand the device memory back: the next entry's child process needs it
     dev.empty_cache(where)
-    return {"seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * mean_len,
-            "mfu": flops * seq_per_s / dev.peak_flops(where, precision), "peak_mem_gb": peak,
-            "step_ms": 1000 * step_s}
+    return {
+        "seq_per_s": seq_per_s,
+        "tokens_per_s": seq_per_s * mean_len,
+        "mfu": flops * seq_per_s / dev.peak_flops(where, precision),
+        "peak_mem_gb": peak,
+        "step_ms": 1000 * step_s,
+    }

@@ -23,7 +23,8 @@ from bertforge.bench.harness import SetupCache
 from bertforge.model import BertConfig, build_model
 from bertforge.model.flops import flops_per_sequence
 from bertforge.optim.lamb import build_optimizer
-from bertforge.runtime.step import TrainStep, train_step as product_step
+from bertforge.runtime.step import TrainStep
+from bertforge.runtime.step import train_step as product_step
 
 _CACHE = SetupCache()
 
@@ -36,10 +37,16 @@ def random_batches(batch: int, seq: int, masked: int, vocab: int, n: int = 2, se
         ids = torch.randint(1000, vocab, (batch, seq), generator=g)
         ids[:, 0], ids[:, -1] = 101, 102
         pos = torch.stack([torch.randperm(seq - 2, generator=g)[:masked] + 1 for _ in range(batch)]).sort(1).values
-        out.append({"input_ids": ids, "token_type_ids": (torch.arange(seq) >= seq // 2).long().expand(batch, seq).clone(),
-                    "attention_mask": torch.ones_like(ids), "masked_positions": pos,
-                    "masked_labels": torch.randint(1000, vocab, (batch, masked), generator=g),
-                    "nsp_labels": torch.randint(0, 2, (batch,), generator=g)})
+        out.append(
+            {
+                "input_ids": ids,
+                "token_type_ids": (torch.arange(seq) >= seq // 2).long().expand(batch, seq).clone(),
+                "attention_mask": torch.ones_like(ids),
+                "masked_positions": pos,
+                "masked_labels": torch.randint(1000, vocab, (batch, masked), generator=g),
+                "nsp_labels": torch.randint(0, 2, (batch,), generator=g),
+            }
+        )
     return out
 
 
@@ -65,16 +72,29 @@ def _build(impl, preset, precision, batch, seq, masked, data_dir, vocab, attenti
     if impl != "ours":
         raise ValueError(f"impl must be ours or hf, not {impl!r}")
     model = build_model(config, "pretraining", attention=attention).to(where).train()
-    opt = build_optimizer(model, optimizer, 1e-4 if optimizer == "adamw" else 1e-3, 0.01, (0.9, 0.999), 1e-6,
-                          where.type)
+    opt = build_optimizer(
+        model, optimizer, 1e-4 if optimizer == "adamw" else 1e-3, 0.01, (0.9, 0.999), 1e-6, where.type
+    )
     step = TrainStep.build(model, opt, where, dev.resolve_precision(precision, where), 1.0, compile)
     return where, config, step, inputs, seq, masked
 
 
-def train_step(impl: str = "ours", preset: str = "tiny", precision: str = "fp32", batch: int = 32, seq: int = 128,
-               masked: int = 20, steps: int = 2, attention: str = "auto", compile: bool | str = False,
-               device: str = "cpu", vocab: int = 30522, data_dir: str | None = None, optimizer: str = "lamb",
-               threads: int | None = None) -> dict[str, float]:
+def train_step(
+    impl: str = "ours",
+    preset: str = "tiny",
+    precision: str = "fp32",
+    batch: int = 32,
+    seq: int = 128,
+    masked: int = 20,
+    steps: int = 2,
+    attention: str = "auto",
+    compile: bool | str = False,
+    device: str = "cpu",
+    vocab: int = 30522,
+    data_dir: str | None = None,
+    optimizer: str = "lamb",
+    threads: int | None = None,
+) -> dict[str, float]:
     """`steps` optimizer updates of one micro-batch each; seq/s, tokens/s, ms per step, MFU, peak memory."""
     key = (impl, preset, precision, batch, seq, masked, data_dir, vocab, attention, compile, device, optimizer)
     with dev.threads(threads):
@@ -84,14 +104,21 @@ def train_step(impl: str = "ours", preset: str = "tiny", precision: str = "fp32"
         for i in range(steps):
             x = inputs[i % len(inputs)]
             if impl == "hf":
-                loss = hf_step(*runner, x, where, precision)
+                model, opt = runner  # the baseline's (model, AdamW); ours is a TrainStep
+                loss = hf_step(model, opt, x, where, precision)
             else:
                 loss = product_step(runner, [x], 1).loss
         dev.synchronize(where)
         elapsed = time.perf_counter() - t0
     seq_per_s = steps * batch / elapsed
     real_tokens = sum(int((b["attention_mask"] != 0).sum()) for b in inputs) / len(inputs)
-    return {"seq_per_s": seq_per_s, "tokens_per_s": seq_per_s * real_tokens / batch, "step_ms": 1000 * elapsed / steps,
-            "mfu": flops_per_sequence(config, seq, masked, task="pretraining", training=True) * seq_per_s
-            / dev.peak_flops(where, precision),
-            "peak_mem_gb": dev.max_memory_allocated(where) / 2**30, "loss": float(loss)}
+    return {
+        "seq_per_s": seq_per_s,
+        "tokens_per_s": seq_per_s * real_tokens / batch,
+        "step_ms": 1000 * elapsed / steps,
+        "mfu": flops_per_sequence(config, seq, masked, task="pretraining", training=True)
+        * seq_per_s
+        / dev.peak_flops(where, precision),
+        "peak_mem_gb": dev.max_memory_allocated(where) / 2**30,
+        "loss": float(loss),
+    }

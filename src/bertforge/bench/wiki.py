@@ -29,14 +29,23 @@ import tempfile
 from pathlib import Path
 
 from bertforge.bench.data import SHARED, _cache_dir, run_measured
+from bertforge.runtime.io import atomic_path
 
 SAMPLES = SHARED / "wikipedia_dump_sample"
 WIKIEXTRACTOR = "wikiextractor==3.1.0"
 MARKERS = {
-    "template": r"\{\{|\}\}", "link": r"\[\[|\]\]", "table": r"\{\||\|\}", "ref": r"<ref|</ref",
-    "external_link": r"\[(?:https?:)?//", "html_tag": r"</?[a-zA-Z][a-zA-Z0-9]*[\s/>]", "comment": r"<!--|-->",
-    "entity": r"&(?:[a-z]+|#\d+);", "magic_word": r"__[A-Z]{3,}__", "file_link": r"(?:File|Image|Category):",
-    "thumb": r"\bthumb\|", "quotes": r"'''|''",
+    "template": r"\{\{|\}\}",
+    "link": r"\[\[|\]\]",
+    "table": r"\{\||\|\}",
+    "ref": r"<ref|</ref",
+    "external_link": r"\[(?:https?:)?//",
+    "html_tag": r"</?[a-zA-Z][a-zA-Z0-9]*[\s/>]",
+    "comment": r"<!--|-->",
+    "entity": r"&(?:[a-z]+|#\d+);",
+    "magic_word": r"__[A-Z]{3,}__",
+    "file_link": r"(?:File|Image|Category):",
+    "thumb": r"\bthumb\|",
+    "quotes": r"'''|''",
 }
 _MARKERS = {name: re.compile(p) for name, p in MARKERS.items()}
 _SITEINFO = """
@@ -59,14 +68,16 @@ _SITEINFO = """
   </siteinfo>
 """
 _ID = re.compile(r"(<page>.*?<id>)\d+(</id>)", re.S)
+_TITLE = re.compile(r"<title>(.*?)</title>")
 
 
 def wikiextractor_path() -> Path:
     """A `pip install --target` directory holding WikiExtractor, made once in the bench cache."""
     target = _cache_dir() / "wikiextractor-pkg"
     if not (target / "wikiextractor" / "WikiExtractor.py").is_file():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), WIKIEXTRACTOR],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), WIKIEXTRACTOR], check=True
+        )
     return target
 
 
@@ -91,10 +102,12 @@ def dump_path(name: str) -> Path:
     if name.endswith("_plain"):  # the same XML as one bz2 stream, as `pages-articles.xml.bz2` ships
         path = cache / f"enwiki-repeated-{name}-pages-articles.xml.bz2"
         if not path.is_file():
-            with bz2.open(dump_path(name.removesuffix("_plain")), "rb") as src, bz2.open(path.with_suffix(".part"),
-                                                                                         "wb") as dst:
+            with (
+                atomic_path(path) as tmp,
+                bz2.open(dump_path(name.removesuffix("_plain")), "rb") as src,
+                bz2.open(tmp, "wb") as dst,
+            ):
                 shutil.copyfileobj(src, dst, 1 << 24)
-            path.with_suffix(".part").rename(path)
         return path
     times = int(name.removeprefix("big_x"))
     path = cache / f"enwiki-repeated-x{times}-pages-articles-multistream.xml.bz2"
@@ -107,11 +120,15 @@ def build_multistream(path: Path, xml_bytes: int, pages_per_stream: int = 100) -
     """A multistream dump of the English sample's pages repeated with new ids up to `xml_bytes` of XML, and its
     index (`offset:id:title` per page) beside it."""
     xml = _en_xml()
-    head, pages = xml[:xml.index("<page>")], re.findall(r"<page>.*?</page>", xml, re.S)
+    head, pages = xml[: xml.index("<page>")], re.findall(r"<page>.*?</page>", xml, re.S)
     index_path = path.with_name(path.name.replace("multistream.xml", "multistream-index.txt"))
-    tmp, tmp_index = path.with_suffix(".part"), index_path.with_suffix(".part")
     size, page_id = 0, 0
-    with open(tmp, "wb") as out, bz2.open(tmp_index, "wt", encoding="utf-8") as index:
+    with (
+        atomic_path(path) as tmp,
+        atomic_path(index_path) as tmp_index,
+        open(tmp, "wb") as out,
+        bz2.open(tmp_index, "wt", encoding="utf-8") as index,
+    ):
         out.write(bz2.compress(head.encode("utf-8")))
         while size < xml_bytes:
             offset, group = out.tell(), []
@@ -119,14 +136,15 @@ def build_multistream(path: Path, xml_bytes: int, pages_per_stream: int = 100) -
                 page = pages[page_id % len(pages)]
                 page_id += 1
                 group.append("  " + _ID.sub(rf"\g<1>{page_id}\g<2>", page, count=1) + "\n")
-                title = re.search(r"<title>(.*?)</title>", page).group(1)
+                found = _TITLE.search(page)
+                if found is None:  # every page of the sample has one; the index line needs it
+                    raise ValueError(f"a <page> of the English sample has no <title>: {page[:200]!r}")
+                title = found.group(1)
                 index.write(f"{offset}:{page_id}:{title}\n")
             data = "".join(group).encode("utf-8")
             size += len(data)
             out.write(bz2.compress(data))
         out.write(bz2.compress(b"</mediawiki>\n"))
-    tmp_index.rename(index_path)
-    tmp.rename(path)
 
 
 def quality(texts: list[str]) -> dict[str, float]:
@@ -161,16 +179,41 @@ def extract(tool: str = "ours", dump: str = "en", processes: int = 2) -> dict[st
     out = Path(tempfile.mkdtemp(prefix=f"bertforge-bench-wiki-{tool}-"))
     try:
         if tool == "ours":
-            cmd = [sys.executable, "-m", "bertforge", "data", "wiki", "--dump", str(path), "--out", str(out / "docs"),
-                   "--workers", str(processes), "--shards", "1"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "bertforge",
+                "data",
+                "wiki",
+                "--dump",
+                str(path),
+                "--out",
+                str(out / "docs"),
+                "--workers",
+                str(processes),
+                "--shards",
+                "1",
+            ]
             env = None
         else:
-            cmd = [sys.executable, "-m", "wikiextractor.WikiExtractor", str(path), "-o", str(out / "text"),
-                   "--processes", str(processes), "--quiet"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "wikiextractor.WikiExtractor",
+                str(path),
+                "-o",
+                str(out / "text"),
+                "--processes",
+                str(processes),
+                "--quiet",
+            ]
             env = {"PYTHONPATH": str(wikiextractor_path())}
         m = run_measured(cmd, env=env)
-        texts = ([f.read_text(encoding="utf-8") for f in sorted((out / "docs").glob("docs_*.txt"))]
-                 if tool == "ours" else wikiextractor_texts(out / "text"))
+        texts = (
+            [f.read_text(encoding="utf-8") for f in sorted((out / "docs").glob("docs_*.txt"))]
+            if tool == "ours"
+            else wikiextractor_texts(out / "text")
+        )
         mb = path.stat().st_size / 1e6
         m.update(quality(texts), dump_mb=mb, cpu_s_per_mb=m["cpu_s"] / mb, wall_s_per_mb=m["shards_wall_s"] / mb)
         m["extract_wall_s"] = m.pop("shards_wall_s")
@@ -188,15 +231,36 @@ def chain(dump: str = "big_x1", processes: int = 2, dupe_factor: int = 5) -> dic
     bf = [sys.executable, "-m", "bertforge", "data"]
     steps = {"wiki": bf + ["wiki", "--dump", str(path), "--out", str(out / "docs"), "--workers", str(processes)]}
     for phase, seq, pred in (("phase1", 128, 20), ("phase2", 512, 80)):
-        steps[phase] = bf + ["shards", "--docs", str(out / "docs"), "--vocab", str(vocab), "--out", str(out / phase),
-                             "--seq-len", str(seq), "--max-pred", str(pred), "--dupe-factor", str(dupe_factor),
-                             "--shards", "8", "--workers", str(processes)]
+        steps[phase] = bf + [
+            "shards",
+            "--docs",
+            str(out / "docs"),
+            "--vocab",
+            str(vocab),
+            "--out",
+            str(out / phase),
+            "--seq-len",
+            str(seq),
+            "--max-pred",
+            str(pred),
+            "--dupe-factor",
+            str(dupe_factor),
+            "--shards",
+            "8",
+            "--workers",
+            str(processes),
+        ]
     try:
         mb, m = path.stat().st_size / 1e6, {}
         for name, cmd in steps.items():
             r = run_measured(cmd)
-            m.update({f"{name}_wall_s": r["shards_wall_s"], f"{name}_cpu_s": r["cpu_s"],
-                      f"{name}_peak_rss_mb": r["peak_rss_mb"]})
+            m.update(
+                {
+                    f"{name}_wall_s": r["shards_wall_s"],
+                    f"{name}_cpu_s": r["cpu_s"],
+                    f"{name}_peak_rss_mb": r["peak_rss_mb"],
+                }
+            )
         m["chain_wall_s"] = sum(m[f"{s}_wall_s"] for s in steps)
         m["chain_cpu_s"] = sum(m[f"{s}_cpu_s"] for s in steps)
         m["chain_cpu_s_per_mb"] = m["chain_cpu_s"] / mb

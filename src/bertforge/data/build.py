@@ -26,8 +26,9 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -203,11 +204,11 @@ def build_shard(job: Job) -> dict[str, Any]:
     out = Path(job.out)
     if out.is_file():
         try:
-            attrs = read_attrs(out)
+            done = read_attrs(out)
         except UserError:
-            attrs = {}
-        if attrs.get("bertforge_params") == job.params_hash:
-            return _entry(out, job, int(attrs.get("documents", 0)), int(attrs.get("tokens", 0)), skipped=True)
+            done = {}
+        if done.get("bertforge_params") == job.params_hash:
+            return _entry(out, job, int(done.get("documents", 0)), int(done.get("tokens", 0)), skipped=True)
     tok = load_tokenizer(job.vocab, job.lowercase, cache=True)  # once per worker process
     sp = special_ids(tok, job.vocab)
     vocab_size = tok.get_vocab_size()
@@ -334,10 +335,15 @@ def run_shards(
         _check_writable(ev)
     # load once here to fail early on a bad vocab (the workers load their own copy)
     tok = load_tokenizer(vocab, lowercase)
-    vocab_info = {"vocab": str(Path(vocab).resolve()), "vocab_sha256": vocab_hash(vocab),
-                  "vocab_size": tok.get_vocab_size(), "special": special_ids(tok, vocab)}
+    vocab_sha256 = vocab_hash(vocab)
+    vocab_info = {
+        "vocab": str(Path(vocab).resolve()),
+        "vocab_sha256": vocab_sha256,
+        "vocab_size": tok.get_vocab_size(),
+        "special": special_ids(tok, vocab),
+    }
     del tok
-    phash = params_hash(params, vocab_info["vocab_sha256"], _docs_signature(files))
+    phash = params_hash(params, vocab_sha256, _docs_signature(files))
 
     t0 = time.perf_counter()
     spill_dir = out / f".spill-{os.getpid()}"
@@ -349,8 +355,10 @@ def run_shards(
         n_docs, n_chars = _spill(files, jobs, params)
         if n_docs == 0:
             raise UserError(f"no documents in {', '.join(map(str, files[:3]))}: the corpus is empty")
-        log(f"data shards: {n_docs} documents ({n_chars / 1e6:.1f} M chars) assigned to {len(jobs)} shards "
-            f"in {time.perf_counter() - t0:.1f}s; building with {n_workers} worker(s)")
+        log(
+            f"data shards: {n_docs} documents ({n_chars / 1e6:.1f} M chars) assigned to {len(jobs)} shards "
+            f"in {time.perf_counter() - t0:.1f}s; building with {n_workers} worker(s)"
+        )
         entries = _run_jobs(jobs, n_workers, log, t0)
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
@@ -359,23 +367,40 @@ def run_shards(
     result: dict[str, Any] = {"wall_s": wall}
     result.update(_write_manifests(params, phash, vocab_info, files, entries, {"train": out, "eval": ev}))
     total = sum(e["instances"] for e in entries)
-    log(f"data shards: {total} instances in {len(entries)} shards, {wall:.1f}s "
-        f"({n_docs / wall:,.0f} docs/s, {sum(e['tokens'] for e in entries) / wall / 1e6:.2f} M tokens/s)")
+    log(
+        f"data shards: {total} instances in {len(entries)} shards, {wall:.1f}s "
+        f"({n_docs / wall:,.0f} docs/s, {sum(e['tokens'] for e in entries) / wall / 1e6:.2f} M tokens/s)"
+    )
     return result
 
 
-def _jobs(params: ShardsConfig, phash: str, out: Path, ev: Path | None, spill_dir: Path, vocab: str | os.PathLike,
-          lowercase: bool | None) -> list[Job]:
+def _jobs(
+    params: ShardsConfig,
+    phash: str,
+    out: Path,
+    ev: Path | None,
+    spill_dir: Path,
+    vocab: str | os.PathLike,
+    lowercase: bool | None,
+) -> list[Job]:
     """One job per output shard: training shards train_I.hdf5 in out, eval shards eval_I.hdf5 in ev."""
     names = [("train", i, out / f"train_{i}.hdf5") for i in range(params.num_shards)]
     if ev is not None:
         names += [("eval", i, ev / f"eval_{i}.hdf5") for i in range(params.eval_shards)]
-    return [Job(i, kind, str(spill_dir / f"{kind}_{i}.txt"), str(path), params.content(), phash, str(vocab), lowercase)
-            for kind, i, path in names]
+    return [
+        Job(i, kind, str(spill_dir / f"{kind}_{i}.txt"), str(path), params.content(), phash, str(vocab), lowercase)
+        for kind, i, path in names
+    ]
 
 
-def _write_manifests(params: ShardsConfig, phash: str, vocab_info: dict[str, Any], files: Sequence[Path],
-                     entries: list[dict[str, Any]], dirs: dict[str, Path | None]) -> dict[str, Any]:
+def _write_manifests(
+    params: ShardsConfig,
+    phash: str,
+    vocab_info: dict[str, Any],
+    files: Sequence[Path],
+    entries: list[dict[str, Any]],
+    dirs: dict[str, Path | None],
+) -> dict[str, Any]:
     """manifest.json of the training (and eval) directory: parameters, vocab, counts, a sha256 per shard."""
     sp = vocab_info["special"]
     common = {
@@ -399,8 +424,14 @@ def _write_manifests(params: ShardsConfig, phash: str, vocab_info: dict[str, Any
         if d is None:
             continue
         mine = sorted((e for e in entries if e["kind"] == kind), key=lambda e: e["index"])
-        manifest = dict(common, split=kind, shards=mine, instances=sum(e["instances"] for e in mine),
-                        documents=sum(e["documents"] for e in mine), tokens=sum(e["tokens"] for e in mine))
+        manifest = dict(
+            common,
+            split=kind,
+            shards=mine,
+            instances=sum(e["instances"] for e in mine),
+            documents=sum(e["documents"] for e in mine),
+            tokens=sum(e["tokens"] for e in mine),
+        )
         shardio.write_manifest(d, manifest)
         result[kind] = manifest
     return result
@@ -414,7 +445,7 @@ def _spill(files: Sequence[Path], jobs: Sequence[Job], params: ShardsConfig) -> 
     handles = [open(j.spill, "w", encoding="utf-8", buffering=1 << 20) for j in jobs]
     n_docs = n_chars = 0
     try:
-        draws = iter(())
+        draws: Iterator[list[float]] = iter(())
         for text in iter_documents(files):
             try:
                 u, v = next(draws)
@@ -451,9 +482,11 @@ def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[
         done_tokens += e["tokens"]
         el = time.perf_counter() - t0
         docs = sum(x["documents"] for x in entries)
-        log(f"  shard {len(entries)}/{len(jobs)} {e['file']}: {e['instances']} instances"
+        log(
+            f"  shard {len(entries)}/{len(jobs)} {e['file']}: {e['instances']} instances"
             f"{' (kept, already finished)' if e['skipped'] else ''} | {docs / el:,.0f} docs/s | "
-            f"{done_tokens / el / 1e6:.2f} M tokens/s")
+            f"{done_tokens / el / 1e6:.2f} M tokens/s"
+        )
 
     if n_workers == 1:
         for j in jobs:
@@ -475,4 +508,3 @@ def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
     return entries
-

@@ -22,9 +22,11 @@ def data_add(p: argparse.ArgumentParser) -> None:
     _docs_common(w)
 
     d = sub.add_parser("docs", help="text files/globs, WikiExtractor dirs, hf:NAME, builtin:python-docs -> documents")
-    d.add_argument("--source", required=True,
-                   help="file, glob, directory, WikiExtractor dir, .xml[.bz2] dump, hf:NAME[:CONFIG] "
-                   "or builtin:python-docs")
+    d.add_argument(
+        "--source",
+        required=True,
+        help="file, glob, directory, WikiExtractor dir, .xml[.bz2] dump, hf:NAME[:CONFIG] or builtin:python-docs",
+    )
     d.add_argument("--out", required=True, help="output directory of document text shards")
     d.add_argument("--one-doc-per-file", action="store_true", help="each text file is one document")
     _docs_common(d)
@@ -78,28 +80,44 @@ def data_run(args: argparse.Namespace) -> int:
     if cmd == "wiki":
         from bertforge.data.documents import run_wiki
 
-        run_wiki(args.dump, args.out, args.shards, args.min_doc_chars, args.workers or None, index=args.index,
-                 headings=args.headings)
+        run_wiki(
+            args.dump,
+            args.out,
+            args.shards,
+            args.min_doc_chars,
+            args.workers or None,
+            index=args.index,
+            headings=args.headings,
+        )
     elif cmd == "docs":
         from bertforge.data.documents import run_docs
 
         run_docs(args.source, args.out, args.shards, args.min_doc_chars, args.one_doc_per_file, args.workers or None)
     elif cmd == "vocab":
-        run_vocab(args.docs, args.out, args.vocab_size, not args.cased, args.unused, args.min_frequency,
-                  args.from_vocab)
+        run_vocab(
+            args.docs, args.out, args.vocab_size, not args.cased, args.unused, args.min_frequency, args.from_vocab
+        )
     elif cmd == "shards":
         from bertforge.data.build import run_shards
         from bertforge.data.config import ShardsConfig
 
         params = ShardsConfig(
-            seq_len=args.seq_len, max_pred=args.max_pred, masked_lm_prob=args.masked_lm_prob,
-            short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, num_shards=args.shards,
-            seed=args.seed, wwm=args.wwm, dynamic_masking=args.dynamic_masking,
-            eval_fraction=args.eval_fraction if args.eval_out else 0.0, eval_shards=args.eval_shards,
+            seq_len=args.seq_len,
+            max_pred=args.max_pred,
+            masked_lm_prob=args.masked_lm_prob,
+            short_seq_prob=args.short_seq_prob,
+            dupe_factor=args.dupe_factor,
+            num_shards=args.shards,
+            seed=args.seed,
+            wwm=args.wwm,
+            dynamic_masking=args.dynamic_masking,
+            eval_fraction=args.eval_fraction if args.eval_out else 0.0,
+            eval_shards=args.eval_shards,
             workers=args.workers,
         )
-        run_shards(args.docs, args.vocab, args.out, params, eval_dir=args.eval_out,
-                   lowercase=False if args.cased else None)
+        run_shards(
+            args.docs, args.vocab, args.out, params, eval_dir=args.eval_out, lowercase=False if args.cased else None
+        )
     elif cmd == "prepare":
         from bertforge.config import load_config
 
@@ -111,8 +129,16 @@ def data_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_vocab(docs: str | None, out: str | os.PathLike, vocab_size: int = 30522, lowercase: bool = True,
-              unused: int = 0, min_frequency: int = 2, from_vocab: str | None = None, log=print) -> Path:
+def run_vocab(
+    docs: str | None,
+    out: str | os.PathLike,
+    vocab_size: int = 30522,
+    lowercase: bool = True,
+    unused: int = 0,
+    min_frequency: int = 2,
+    from_vocab: str | None = None,
+    log=print,
+) -> Path:
     """Train a WordPiece vocab on documents, or write an existing vocab as vocab.txt + tokenizer.json."""
     from bertforge.data.build import document_files
     from bertforge.data.vocab import load_tokenizer, save_tokenizer, train_wordpiece
@@ -126,8 +152,10 @@ def run_vocab(docs: str | None, out: str | os.PathLike, vocab_size: int = 30522,
         if not docs:
             raise UserError("data vocab needs --docs (documents to train on) or --from (an existing vocab)")
         tok = train_wordpiece(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
-    log(f"data vocab: {tok.get_vocab_size()} tokens -> {out}/vocab.txt, tokenizer.json "
-        f"({time.perf_counter() - t0:.1f}s)")
+    log(
+        f"data vocab: {tok.get_vocab_size()} tokens -> {out}/vocab.txt, tokenizer.json "
+        f"({time.perf_counter() - t0:.1f}s)"
+    )
     return out
 
 
@@ -146,19 +174,41 @@ def run_prepare(cfg: Any, log=print) -> dict[str, Any]:
     t0 = time.perf_counter()
     docs_dir, vocab_dir = root / "docs", root / "vocab"
     shards_dir, eval_dir = root / cfg.shards_subdir, root / cfg.eval_subdir
-    run_docs(cfg.docs.source, docs_dir, cfg.docs.num_shards, cfg.docs.min_doc_chars, cfg.docs.one_doc_per_file,
-             cfg.docs.workers or None, log)
+    run_docs(
+        cfg.docs.source,
+        docs_dir,
+        cfg.docs.num_shards,
+        cfg.docs.min_doc_chars,
+        cfg.docs.one_doc_per_file,
+        cfg.docs.workers or None,
+        log,
+    )
     if cfg.vocab.vocab_file:
         run_vocab(None, vocab_dir, lowercase=cfg.vocab.lowercase, from_vocab=cfg.vocab.vocab_file, log=log)
     elif (vocab_dir / "vocab.txt").is_file() and (vocab_dir / "tokenizer.json").is_file():
         log(f"data vocab: {vocab_dir} exists; delete it to retrain")
     else:
-        run_vocab(str(docs_dir), vocab_dir, cfg.vocab.vocab_size, cfg.vocab.lowercase,
-                  cfg.vocab.unused_tokens, cfg.vocab.min_frequency, log=log)
+        run_vocab(
+            str(docs_dir),
+            vocab_dir,
+            cfg.vocab.vocab_size,
+            cfg.vocab.lowercase,
+            cfg.vocab.unused_tokens,
+            cfg.vocab.min_frequency,
+            log=log,
+        )
     s = cfg.shards
-    result = run_shards(docs_dir, vocab_dir / "tokenizer.json", shards_dir, s,
-                        eval_dir=eval_dir if s.eval_fraction > 0 else None, log=log)
+    result = run_shards(
+        docs_dir,
+        vocab_dir / "tokenizer.json",
+        shards_dir,
+        s,
+        eval_dir=eval_dir if s.eval_fraction > 0 else None,
+        log=log,
+    )
     save_config(cfg, root / "data_config.yaml")
-    log(f"data prepare: done in {time.perf_counter() - t0:.1f}s -> {shards_dir}"
-        + (f", {eval_dir}" if s.eval_fraction > 0 else ""))
+    log(
+        f"data prepare: done in {time.perf_counter() - t0:.1f}s -> {shards_dir}"
+        + (f", {eval_dir}" if s.eval_fraction > 0 else "")
+    )
     return result

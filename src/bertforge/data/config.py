@@ -12,7 +12,8 @@ class DocsConfig:
     """Reading and cleaning the corpus."""
 
     source: str = "builtin:python-docs"
-    """Corpus: a .xml/.xml.bz2 Wikipedia dump, a text file/glob, a WikiExtractor dir, hf:NAME[:CONFIG] or builtin:python-docs."""
+    """Corpus: a .xml/.xml.bz2 Wikipedia dump, a text file/glob, a WikiExtractor dir, hf:NAME[:CONFIG] or
+    builtin:python-docs."""
     min_doc_chars: int = 200
     """Drop documents shorter than this many characters."""
     num_shards: int = 8
@@ -84,13 +85,16 @@ class ShardsConfig:
     def validate(self) -> None:
         # each message names the config key and the `bertforge data shards` flag: both front ends use this
         if self.seq_len < 8:
-            raise ConfigError(f"shards.seq_len (--seq-len) must be at least 8 ([CLS] A [SEP] B [SEP] needs room), "
-                              f"got {self.seq_len}")
+            raise ConfigError(
+                f"shards.seq_len (--seq-len) must be at least 8 ([CLS] A [SEP] B [SEP] needs room), got {self.seq_len}"
+            )
         if not 0 < self.masked_lm_prob < 1:
             raise ConfigError(f"shards.masked_lm_prob (--masked-lm-prob) must be in (0, 1), got {self.masked_lm_prob}")
         if self.max_pred < 1 or self.dupe_factor < 1 or self.num_shards < 1 or self.eval_shards < 1:
-            raise ConfigError("shards.max_pred, dupe_factor, num_shards and eval_shards (--max-pred, --dupe-factor, "
-                              "--shards, --eval-shards) must be >= 1")
+            raise ConfigError(
+                "shards.max_pred, dupe_factor, num_shards and eval_shards (--max-pred, --dupe-factor, "
+                "--shards, --eval-shards) must be >= 1"
+            )
         if not 0.0 <= self.short_seq_prob <= 1.0:
             raise ConfigError(f"shards.short_seq_prob (--short-seq-prob) must be in [0, 1], got {self.short_seq_prob}")
         if self.workers < 0:

@@ -25,13 +25,17 @@ import re
 import shutil
 import time
 import unicodedata
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from bertforge.data import sources, wikiclean, wikidump
 from bertforge.errors import UserError
 from bertforge.runtime.io import commit, remove_stale, temp_name, write_text
+
+if TYPE_CHECKING:
+    import ctypes
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\ufeff\ufffd]")
 _WIDE_SPACE_CHARS = "\t\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
@@ -61,18 +65,20 @@ class _Sentences:
             import blingfire
 
             self.fn = blingfire.blingfire.TextToSentences
-        self.ctypes, self.size, self.buf = ctypes, 0, None
+        self.ctypes, self.size = ctypes, 0
+        self.buf: ctypes.Array[ctypes.c_char] | None = None
 
     def __call__(self, text: str) -> str:
         data = text.encode("utf-8")
         need = 2 * len(data) + 16
-        if need > self.size:
+        buf = self.buf
+        if buf is None or need > self.size:  # None only before the first call (size 0)
             self.size = max(need, 1 << 16)
-            self.buf = self.ctypes.create_string_buffer(self.size)
-        n = self.fn(data, len(data), self.buf, self.size)
+            buf = self.buf = self.ctypes.create_string_buffer(self.size)
+        n = self.fn(data, len(data), buf, self.size)
         if n <= 0 or n > self.size:
             return ""
-        return self.ctypes.string_at(self.buf, n - 1).decode("utf-8")  # n counts the terminating NUL
+        return self.ctypes.string_at(buf, n - 1).decode("utf-8")  # n counts the terminating NUL
 
 
 @functools.lru_cache(maxsize=1)
@@ -165,7 +171,7 @@ class ShardWriter:
         for t, n in zip(self.tmps, self.names):
             commit(t, self.out / n)
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -210,14 +216,17 @@ def _finish(out: Path, writer: ShardWriter, counts: dict, settings: dict, t0: fl
     if counts["documents"] == 0:
         raise UserError(
             f"the corpus {settings['source'] or '(input)'} gave no documents of at least {settings['min_doc_chars']} "
-            f"characters ({counts['raw_documents']} read): it is empty or too short")
+            f"characters ({counts['raw_documents']} read): it is empty or too short"
+        )
     writer.commit()
     wall = time.perf_counter() - t0
     manifest = dict(counts, settings=settings, files=writer.names, seconds=round(wall, 2))
     write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-    log(f"data docs: {counts['documents']} documents, {counts['sentences']} sentences, "
+    log(
+        f"data docs: {counts['documents']} documents, {counts['sentences']} sentences, "
         f"{counts['chars'] / 1e6:.1f} M chars -> {out} in {wall:.1f}s "
-        f"({counts['raw_documents'] / max(wall, 1e-9):,.0f} docs/s)")
+        f"({counts['raw_documents'] / max(wall, 1e-9):,.0f} docs/s)"
+    )
     return manifest
 
 
@@ -243,8 +252,9 @@ def write_documents(
     counts = {"documents": 0, "sentences": 0, "chars": 0, "dropped_short": 0, "raw_documents": 0}
     t0 = last = time.perf_counter()
     with ShardWriter(out, num_shards) as writer:
-        for sents_batch in bounded_map(functools.partial(_map_batch, _clean_plain), _batches(docs, BATCH),
-                                       _workers(workers)):
+        for sents_batch in bounded_map(
+            functools.partial(_map_batch, _clean_plain), _batches(docs, BATCH), _workers(workers)
+        ):
             for sents in sents_batch:
                 counts["raw_documents"] += 1
                 chars = sum(len(s) for s in sents)
@@ -262,8 +272,15 @@ def write_documents(
         return _finish(out, writer, counts, settings, t0, log)
 
 
-def run_docs(source: str, out_dir: str | os.PathLike, num_shards: int = 8, min_doc_chars: int = 200,
-             one_doc_per_file: bool = False, workers: int | None = None, log=print) -> dict:
+def run_docs(
+    source: str,
+    out_dir: str | os.PathLike,
+    num_shards: int = 8,
+    min_doc_chars: int = 200,
+    one_doc_per_file: bool = False,
+    workers: int | None = None,
+    log=print,
+) -> dict:
     """`bertforge data docs`: any source except dumps' wikitext cleaning is plain text cleaning."""
     if source.endswith((".xml", ".xml.bz2")) or (source.endswith(".bz2") and "multistream" in source):
         return run_wiki(source, out_dir, num_shards, min_doc_chars, workers, log)
@@ -272,8 +289,16 @@ def run_docs(source: str, out_dir: str | os.PathLike, num_shards: int = 8, min_d
 
 
 # ------------------------------------------------------------------------------------------- Wikipedia
-_PART_KEYS = ("pages", "redirects", "other_namespaces", "raw_documents", "dropped_short", "documents", "sentences",
-              "chars")
+_PART_KEYS = (
+    "pages",
+    "redirects",
+    "other_namespaces",
+    "raw_documents",
+    "dropped_short",
+    "documents",
+    "sentences",
+    "chars",
+)
 
 
 @dataclass(frozen=True)
@@ -344,8 +369,10 @@ class _Progress:
         self.last = now
         rate = (pos - self.pos0) / max(now - self.t0, 1e-9)
         eta = (self.total - pos) / rate if rate > 0 else float("inf")
-        self.log(f"  {pos / 1e6:,.0f}/{self.total / 1e6:,.0f} MB | {self.pages / (now - self.t0):,.0f} pages/s | "
-                 f"{rate / 1e6:.2f} MB/s | ETA {eta / 60:,.1f} min")
+        self.log(
+            f"  {pos / 1e6:,.0f}/{self.total / 1e6:,.0f} MB | {self.pages / (now - self.t0):,.0f} pages/s | "
+            f"{rate / 1e6:.2f} MB/s | ETA {eta / 60:,.1f} min"
+        )
 
 
 def _extract_parts(job: _WikiJob, chunk_bytes: int, workers: int, log) -> dict:
@@ -376,8 +403,9 @@ def _parts_dir(out: Path, settings: dict) -> Path:
     """out/parts, kept from a killed run with the same settings, else fresh."""
     parts = out / "parts"
     stamp = json.dumps(settings, sort_keys=True)
-    if parts.is_dir() and not ((parts / "settings.json").is_file()
-                               and (parts / "settings.json").read_text(encoding="utf-8") == stamp):
+    if parts.is_dir() and not (
+        (parts / "settings.json").is_file() and (parts / "settings.json").read_text(encoding="utf-8") == stamp
+    ):
         shutil.rmtree(parts)
     parts.mkdir(exist_ok=True)
     remove_stale(parts)
@@ -385,16 +413,29 @@ def _parts_dir(out: Path, settings: dict) -> Path:
     return parts
 
 
-def run_wiki(dump: str | os.PathLike, out_dir: str | os.PathLike, num_shards: int = 8, min_doc_chars: int = 200,
-             workers: int | None = None, log=print, index: str | os.PathLike | None = None,
-             chunk_bytes: int = CHUNK_BYTES, headings: bool = False) -> dict:
+def run_wiki(
+    dump: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    num_shards: int = 8,
+    min_doc_chars: int = 200,
+    workers: int | None = None,
+    log=print,
+    index: str | os.PathLike | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    headings: bool = False,
+) -> dict:
     """`bertforge data wiki`: a pages-articles dump (.xml, .xml.bz2, or multistream .bz2 with its index) ->
     clean documents, in parallel, resumable; the manifest carries the page counts (kept, redirects, other
     namespaces, too short)."""
     out = _output_dir(out_dir, num_shards)
     d = wikidump.open_dump(dump, index)
-    settings = {"source": str(dump), "num_shards": num_shards, "min_doc_chars": min_doc_chars,
-                "headings": headings, "cleaner": CLEANER}
+    settings = {
+        "source": str(dump),
+        "num_shards": num_shards,
+        "min_doc_chars": min_doc_chars,
+        "headings": headings,
+        "cleaner": CLEANER,
+    }
     old = _up_to_date(out, settings, log)
     if old is not None:
         shutil.rmtree(out / "parts", ignore_errors=True)
@@ -403,18 +444,30 @@ def run_wiki(dump: str | os.PathLike, out_dir: str | os.PathLike, num_shards: in
     prefixes = sources.non_article_prefixes(wikidump.header_namespaces(wikidump.read_header(d)))
     _splitter()  # Bling Fire loaded once here, shared by the forked workers
     stat = d.path.stat()  # a different dump at the same path must not reuse the parts of the old one
-    parts = _parts_dir(out, dict(settings, chunk_bytes=chunk_bytes, index=str(d.index), dump_bytes=stat.st_size,
-                                 dump_mtime_ns=stat.st_mtime_ns))
+    parts = _parts_dir(
+        out,
+        dict(
+            settings,
+            chunk_bytes=chunk_bytes,
+            index=str(d.index),
+            dump_bytes=stat.st_size,
+            dump_mtime_ns=stat.st_mtime_ns,
+        ),
+    )
     chunks = -(-d.size * (4 if d.compressed else 1) // chunk_bytes)  # about, from bz2's usual 4:1 and more
     n_workers = min(_workers(workers), max(1, chunks))  # no processes to start for a one-chunk dump
-    log(f"data wiki: {d.path} ({d.size / 1e6:,.1f} MB{', multistream, ' + d.index.name if d.index else ''}) "
-        f"-> {out}, {n_workers} workers")
+    log(
+        f"data wiki: {d.path} ({d.size / 1e6:,.1f} MB{', multistream, ' + d.index.name if d.index else ''}) "
+        f"-> {out}, {n_workers} workers"
+    )
     counts = _extract_parts(_WikiJob(d, parts, prefixes, min_doc_chars, headings), chunk_bytes, n_workers, log)
     with ShardWriter(out, num_shards) as writer:
         _merge_parts(parts, writer, counts.get("parts", 0))
         manifest = _finish(out, writer, counts, settings, t0, log)
     shutil.rmtree(parts, ignore_errors=True)
-    log(f"data wiki: {counts['pages']} pages: {counts['documents']} documents kept, {counts['redirects']} redirects "
+    log(
+        f"data wiki: {counts['pages']} pages: {counts['documents']} documents kept, {counts['redirects']} redirects "
         f"and {counts['other_namespaces']} pages of other namespaces skipped, {counts['dropped_short']} articles "
-        f"dropped as shorter than {min_doc_chars} characters")
+        f"dropped as shorter than {min_doc_chars} characters"
+    )
     return manifest

@@ -13,8 +13,9 @@ the sequences per row.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import h5py
 import numpy as np
@@ -156,8 +157,9 @@ def merge(stats: list[dict[str, Any]]) -> dict[str, Any]:
         "masked_count_hist": mh,
     }
     if any("sequences_per_row_hist" in s for s in stats):
-        out["sequences_per_row_hist"] = add("sequences_per_row_hist") if all(
-            "sequences_per_row_hist" in s for s in stats) else None
+        out["sequences_per_row_hist"] = (
+            add("sequences_per_row_hist") if all("sequences_per_row_hist" in s for s in stats) else None
+        )
         out["avg_seq_per_row"] = round(seqs / rows, 4) if rows else 0.0
     return out
 
@@ -178,8 +180,8 @@ def format_report(result: dict[str, Any]) -> str:
     lines = [
         f"{t['shards']} shard(s), kind {'/'.join(t['kinds'])}: {t['rows']:,} rows, {t['sequences']:,} sequences, "
         f"{t['tokens']:,} tokens",
-        f"sequence length: mean {t['mean_seq_len']}, p50 {_pct(t['seq_len_hist'], .5)}, "
-        f"p90 {_pct(t['seq_len_hist'], .9)}, max {int(np.flatnonzero(t['seq_len_hist']).max(initial=0))}",
+        f"sequence length: mean {t['mean_seq_len']}, p50 {_pct(t['seq_len_hist'], 0.5)}, "
+        f"p90 {_pct(t['seq_len_hist'], 0.9)}, max {int(np.flatnonzero(t['seq_len_hist']).max(initial=0))}",
         f"padding fraction: {t['padding_fraction']:.3f}",
         f"NSP random-next fraction: {t['nsp_random_fraction'] if t['nsp_random_fraction'] is not None else 'n/a'}",
         f"masked predictions per row: mean {t['masked_per_row_mean']}, distribution "
@@ -190,8 +192,10 @@ def format_report(result: dict[str, Any]) -> str:
         lines.append(f"packed: {t['avg_seq_per_row']} sequences per row on average")
     lines.append("per shard:")
     for s in result["shards"]:
-        lines.append(f"  {s['file']}: {s['kind']}, {s['rows']:,} rows x {s['seq_len']}, padding "
-                     f"{s['padding_fraction']:.3f}, NSP {s['nsp_random_fraction']}")
+        lines.append(
+            f"  {s['file']}: {s['kind']}, {s['rows']:,} rows x {s['seq_len']}, padding "
+            f"{s['padding_fraction']:.3f}, NSP {s['nsp_random_fraction']}"
+        )
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ Google's loop; the tests check that both agree in distribution.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -252,18 +252,32 @@ class _Instances:
         self.a_start, self.a_len, self.b_start, self.b_len = array("q"), array("q"), array("q"), array("q")
         self.label = array("b")
         # the bound appends, fetched once: the per-instance path is the hot loop of shard building
-        self.appends = (self.a_start.append, self.a_len.append, self.b_start.append, self.b_len.append,
-                        self.label.append)
+        self.appends = (
+            self.a_start.append,
+            self.a_len.append,
+            self.b_start.append,
+            self.b_len.append,
+            self.label.append,
+        )
 
     def arrays(self) -> dict[str, np.ndarray]:
-        out = {k: np.frombuffer(getattr(self, k), dtype=np.int64).copy() for k in ("a_start", "a_len", "b_start",
-                                                                                   "b_len")}
+        out: dict[str, np.ndarray] = {
+            k: np.frombuffer(getattr(self, k), dtype=np.int64).copy() for k in ("a_start", "a_len", "b_start", "b_len")
+        }
         out["label"] = np.frombuffer(self.label, dtype=np.int8).copy()
         return out
 
 
-def _document_instances(di: int, doc_first: Sequence[int], doc_count: Sequence[int], off: Sequence[int], rand,
-                        max_num: int, short_seq_prob: float, out: _Instances) -> None:
+def _document_instances(
+    di: int,
+    doc_first: Sequence[int],
+    doc_count: Sequence[int],
+    off: Sequence[int],
+    rand,
+    max_num: int,
+    short_seq_prob: float,
+    out: _Instances,
+) -> None:
     """Google's `create_instances_from_document` for document di (one pass of the dupe factor)."""
     add_a_start, add_a_len, add_b_start, add_b_len, add_label = out.appends
     ndocs = len(doc_first)

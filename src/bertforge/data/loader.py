@@ -27,9 +27,10 @@ rank's items w, w+W, w+2W, … and the DataLoader returns them in order, prefetc
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,8 +62,10 @@ def assign_pieces(rows: list[int], lanes: int) -> list[list[Piece]]:
     for i, p in enumerate(pieces):
         out[i % lanes].append(p)
     if any(not lane for lane in out):
-        raise UserError(f"{sum(rows)} rows in {len(rows)} shards are too few for {lanes} data lanes "
-                        "(global batch / micro batch); use more data or a larger micro batch")
+        raise UserError(
+            f"{sum(rows)} rows in {len(rows)} shards are too few for {lanes} data lanes "
+            "(global batch / micro batch); use more data or a larger micro batch"
+        )
     return out
 
 
@@ -141,8 +144,9 @@ class LaneReader:
         if e not in self._epochs:
             if len(self._epochs) > 2:
                 self._epochs.pop(min(self._epochs))
-            self._epochs[e] = lane_epoch(self.spec.lanes[self.lane], self.spec.seed, self.lane, e,
-                                         self.spec.chunk_rows, self.spec.shuffle)
+            self._epochs[e] = lane_epoch(
+                self.spec.lanes[self.lane], self.spec.seed, self.lane, e, self.spec.chunk_rows, self.spec.shuffle
+            )
         return self._epochs[e]
 
     def _chunk(self, shard: int, a: int, b: int) -> dict[str, np.ndarray]:
@@ -153,7 +157,7 @@ class LaneReader:
             if shard not in self._files:
                 self._files[shard] = h5py.File(self.spec.files[shard], "r")
             h = self._files[shard]
-            self._cache = (key, {k: h[k][a:b] for k in h.keys() if k in ROW_KEYS})
+            self._cache = (key, {k: h[k][a:b] for k in h if k in ROW_KEYS})
         return self._cache[1]
 
     def rows(self, start: int, n: int) -> list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]:
@@ -174,8 +178,11 @@ class LaneReader:
         self._files.clear()
 
 
-def collate(spec: LoaderSpec, rows: list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]) -> dict[str, torch.Tensor]:
+def collate(
+    spec: LoaderSpec, rows: list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]
+) -> dict[str, torch.Tensor]:
     """Rows → model inputs (the names of `bertforge.model`'s forward), int64 tensors."""
+
     def stack(key: str) -> np.ndarray:
         return np.stack([arr[key][i] for arr, i, _ in rows])
 
@@ -192,40 +199,74 @@ def collate(spec: LoaderSpec, rows: list[tuple[dict[str, np.ndarray], int, tuple
             rng = np.random.default_rng([spec.seed, e, shard, row])
             n = int((arr["input_mask"][i] != 0).sum())
             ws = arr["word_starts"][i] if spec.wwm and "word_starts" in arr else None
-            masked, p, l = mask_tokens(ids[r], rng, spec.vocab_size, P, spec.masked_lm_prob,
-                                       special_ids=spec.special_ids, word_starts=ws, mask_id=spec.mask_id, length=n)
+            masked, p, l = mask_tokens(
+                ids[r],
+                rng,
+                spec.vocab_size,
+                P,
+                spec.masked_lm_prob,
+                special_ids=spec.special_ids,
+                word_starts=ws,
+                mask_id=spec.mask_id,
+                length=n,
+            )
             ids[r] = masked
             pos[r, : len(p)] = p
             lab[r, : len(l)] = l
-        batch = {"input_ids": ids, "attention_mask": stack("input_mask"), "token_type_ids": stack("segment_ids"),
-                 "masked_positions": pos, "masked_labels": lab, "nsp_labels": stack("next_sentence_labels")}
+        batch = {
+            "input_ids": ids,
+            "attention_mask": stack("input_mask"),
+            "token_type_ids": stack("segment_ids"),
+            "masked_positions": pos,
+            "masked_labels": lab,
+            "nsp_labels": stack("next_sentence_labels"),
+        }
         if spec.pack_per_row:
             # packing + dynamic masking: the freshly masked window is packed like a packed shard's rows, so the
             # micro-batch keeps its sequences (an update sees exactly the global batch) in fewer rows
             from bertforge.data.packing_rows import pack_samples
 
             e, shard, row = rows[0][2]
-            packed = pack_samples({"input_ids": ids, "input_mask": batch["attention_mask"],
-                                   "segment_ids": batch["token_type_ids"], "masked_lm_positions": pos,
-                                   "masked_lm_ids": lab, "next_sentence_labels": batch["nsp_labels"]},
-                                  spec.pack_per_row, rng=np.random.default_rng([spec.seed, e, shard, row, 1]))
+            packed = pack_samples(
+                {
+                    "input_ids": ids,
+                    "input_mask": batch["attention_mask"],
+                    "segment_ids": batch["token_type_ids"],
+                    "masked_lm_positions": pos,
+                    "masked_lm_ids": lab,
+                    "next_sentence_labels": batch["nsp_labels"],
+                },
+                spec.pack_per_row,
+                rng=np.random.default_rng([spec.seed, e, shard, row, 1]),
+            )
             batch = _packed_batch(lambda key: packed[key])
     elif spec.kind == "packed":
         batch = _packed_batch(stack)
     else:
-        batch = {"input_ids": stack("input_ids"), "attention_mask": stack("input_mask"),
-                 "token_type_ids": stack("segment_ids"), "masked_positions": stack("masked_lm_positions"),
-                 "masked_labels": stack("masked_lm_ids"), "nsp_labels": stack("next_sentence_labels")}
+        batch = {
+            "input_ids": stack("input_ids"),
+            "attention_mask": stack("input_mask"),
+            "token_type_ids": stack("segment_ids"),
+            "masked_positions": stack("masked_lm_positions"),
+            "masked_labels": stack("masked_lm_ids"),
+            "nsp_labels": stack("next_sentence_labels"),
+        }
     return {k: torch.from_numpy(np.ascontiguousarray(v).astype(np.int64)) for k, v in batch.items()}
 
 
 def _packed_batch(get) -> dict[str, np.ndarray]:
     """Packed-schema arrays (DESIGN §3.3) -> the model's input names; empty NSP slots get label -1."""
     w = get("next_sentence_weights")
-    return {"input_ids": get("input_ids"), "attention_mask": get("input_mask"), "token_type_ids": get("segment_ids"),
-            "position_ids": get("positions"), "masked_positions": get("masked_lm_positions"),
-            "masked_labels": get("masked_lm_ids"), "nsp_positions": get("next_sentence_positions"),
-            "nsp_labels": np.where(w > 0, get("next_sentence_labels"), -1)}
+    return {
+        "input_ids": get("input_ids"),
+        "attention_mask": get("input_mask"),
+        "token_type_ids": get("segment_ids"),
+        "position_ids": get("positions"),
+        "masked_positions": get("masked_lm_positions"),
+        "masked_labels": get("masked_lm_ids"),
+        "nsp_positions": get("next_sentence_positions"),
+        "nsp_labels": np.where(w > 0, get("next_sentence_labels"), -1),
+    }
 
 
 class _RankStream(torch.utils.data.IterableDataset):
@@ -255,9 +296,9 @@ class _RankStream(torch.utils.data.IterableDataset):
 class PretrainLoader:
     """Micro-batches for this rank, `accum` per update, from update number `start_batch` on.
 
-        loader = PretrainLoader.from_dir(dir, global_batch=256, micro_batch=32, rank=0, world_size=2, seed=1)
-        it = loader.iterate(start_batch=cursor)
-        for step: micro_batches = [next(it) for _ in range(loader.accum)]
+    loader = PretrainLoader.from_dir(dir, global_batch=256, micro_batch=32, rank=0, world_size=2, seed=1)
+    it = loader.iterate(start_batch=cursor)
+    for step: micro_batches = [next(it) for _ in range(loader.accum)]
     """
 
     def __init__(self, spec: LoaderSpec, shards: ShardSet, num_workers: int = 2, prefetch: int = 4):
@@ -268,22 +309,44 @@ class PretrainLoader:
         return len(self.spec.my_lanes)
 
     @classmethod
-    def from_dir(cls, directory: str | Path | ShardSet, global_batch: int, micro_batch: int, rank: int,
-                 world_size: int, seed: int, num_workers: int = 2, prefetch: int = 4, chunk_rows: int = 2048,
-                 vocab_size: int = 30522, max_pred: int | None = None, pack_per_row: int = 0) -> "PretrainLoader":
+    def from_dir(
+        cls,
+        directory: str | Path | ShardSet,
+        global_batch: int,
+        micro_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        num_workers: int = 2,
+        prefetch: int = 4,
+        chunk_rows: int = 2048,
+        vocab_size: int = 30522,
+        max_pred: int | None = None,
+        pack_per_row: int = 0,
+    ) -> PretrainLoader:
         """`directory`: a shard directory or its `ShardSet`."""
         shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
         if pack_per_row and shards.kind != "dynamic":
             from bertforge.errors import ConfigError
 
-            raise ConfigError(f"data.pack_per_row packs dynamic-masking shards on the fly, but {shards.directory} "
-                              f"holds {shards.kind} shards: pack those once with `bertforge pack`, or set it to 0")
+            raise ConfigError(
+                f"data.pack_per_row packs dynamic-masking shards on the fly, but {shards.directory} "
+                f"holds {shards.kind} shards: pack those once with `bertforge pack`, or set it to 0"
+            )
         accum = batch_arithmetic(global_batch, micro_batch, world_size)
         n_lanes = accum * world_size
         rows = [i.rows for i in shards.infos]
-        spec = _spec(shards, lanes=assign_pieces(rows, n_lanes), my_lanes=list(range(rank * accum, (rank + 1) * accum)),
-                     micro_batch=micro_batch, seed=seed, chunk_rows=chunk_rows, vocab_size=vocab_size,
-                     pack_per_row=pack_per_row, max_pred=max_pred)
+        spec = _spec(
+            shards,
+            lanes=assign_pieces(rows, n_lanes),
+            my_lanes=list(range(rank * accum, (rank + 1) * accum)),
+            micro_batch=micro_batch,
+            seed=seed,
+            chunk_rows=chunk_rows,
+            vocab_size=vocab_size,
+            pack_per_row=pack_per_row,
+            max_pred=max_pred,
+        )
         return cls(spec, shards, num_workers, prefetch)
 
     @property
@@ -294,12 +357,17 @@ class PretrainLoader:
         ds = _RankStream(self.spec, start_batch)
         if self.num_workers == 0:
             return iter(ds)
-        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=self.num_workers,
-                                         prefetch_factor=self.prefetch, persistent_workers=False,
-                                         # its own generator: creating the iterator must not draw from the
-                                         # global RNG that dropout uses (exact resume)
-                                         generator=torch.Generator().manual_seed(self.spec.seed),
-                                         multiprocessing_context="fork" if _can_fork() else None)
+        dl = torch.utils.data.DataLoader(
+            ds,
+            batch_size=None,
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch,
+            persistent_workers=False,
+            # its own generator: creating the iterator must not draw from the
+            # global RNG that dropout uses (exact resume)
+            generator=torch.Generator().manual_seed(self.spec.seed),
+            multiprocessing_context="fork" if _can_fork() else None,
+        )
         return iter(dl)
 
 
@@ -311,8 +379,13 @@ def _can_fork() -> bool:
 
 def _spec(shards: ShardSet, max_pred: int | None = None, **kw: Any) -> LoaderSpec:
     """The loader's plain-data spec over `shards`; a dynamic shard's masking parameters fill in the defaults."""
-    return LoaderSpec(files=[str(f) for f in shards.files], rows=[i.rows for i in shards.infos], kind=shards.kind,
-                      **kw, **{"max_pred": max_pred or shards.max_pred or 20, **shards.masking_params()})
+    return LoaderSpec(
+        files=[str(f) for f in shards.files],
+        rows=[i.rows for i in shards.infos],
+        kind=shards.kind,
+        **kw,
+        **{"max_pred": max_pred or shards.max_pred or 20, **shards.masking_params()},
+    )
 
 
 def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> int:
@@ -325,13 +398,27 @@ def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> in
     return global_batch // (micro_batch * world_size)
 
 
-def eval_batches(directory: str | Path | ShardSet, batch_size: int, rank: int = 0, world_size: int = 1,
-                 max_batches: int | None = None, vocab_size: int = 30522, seed: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+def eval_batches(
+    directory: str | Path | ShardSet,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    max_batches: int | None = None,
+    vocab_size: int = 30522,
+    seed: int = 0,
+) -> Iterator[dict[str, torch.Tensor]]:
     """Held-out batches in file order (no shuffle), rank r taking batches r, r+W, … (for periodic evaluation).
     Dynamic-masking eval shards are masked with a fixed seed, so every evaluation sees the same masks."""
     shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
-    spec = _spec(shards, lanes=[[Piece(s, 0, i.rows) for s, i in enumerate(shards.infos)]], my_lanes=[0],
-                 micro_batch=batch_size, seed=seed, shuffle=False, vocab_size=vocab_size)
+    spec = _spec(
+        shards,
+        lanes=[[Piece(s, 0, i.rows) for s, i in enumerate(shards.infos)]],
+        my_lanes=[0],
+        micro_batch=batch_size,
+        seed=seed,
+        shuffle=False,
+        vocab_size=vocab_size,
+    )
     reader = LaneReader(spec, 0)
     total = -(-reader.epoch_rows // batch_size)
     if max_batches:

@@ -25,9 +25,10 @@ import json
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import h5py
 import numpy as np
@@ -67,8 +68,16 @@ class PackConfig:
 
 
 def _plan_id(cfg: PackConfig, shards: ShardSet) -> str:
-    key = json.dumps({"algorithm": cfg.algorithm, "k": cfg.max_per_pack, "seed": cfg.seed, "shards": cfg.shards,
-                      "inputs": [[i.path.name, i.rows, i.path.stat().st_size] for i in shards.infos]}, sort_keys=True)
+    key = json.dumps(
+        {
+            "algorithm": cfg.algorithm,
+            "k": cfg.max_per_pack,
+            "seed": cfg.seed,
+            "shards": cfg.shards,
+            "inputs": [[i.path.name, i.rows, i.path.stat().st_size] for i in shards.infos],
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -84,8 +93,10 @@ def _open_input(cfg: PackConfig) -> ShardSet:
     if shards.kind == "packed":
         raise UserError(f"{shards.files[0]} is already packed; pass the unpacked shards to --in")
     if shards.kind == "dynamic":
-        raise UserError(f"{shards.files[0]} is a dynamic-masking shard (no masked_lm_positions): it is packed on "
-                        "the fly by the pretrain loader; `bertforge pack` needs masked shards")
+        raise UserError(
+            f"{shards.files[0]} is a dynamic-masking shard (no masked_lm_positions): it is packed on "
+            "the fly by the pretrain loader; `bertforge pack` needs masked shards"
+        )
     if not shards.rows:
         raise UserError(f"the input shards ({shards.directory}) hold no rows; nothing to pack")
     return shards
@@ -101,8 +112,8 @@ def read_lengths(shards: ShardSet, chunk_rows: int = 4096) -> tuple[np.ndarray, 
             with h5py.File(info.path, "r") as f:
                 mask, mpos = f["input_mask"], f["masked_lm_positions"]
                 for a in range(0, info.rows, chunk_rows):
-                    lengths.append(sample_lengths(mask[a:a + chunk_rows]).astype(small))
-                    preds.append(prediction_counts(mpos[a:a + chunk_rows]).astype(np.int16))
+                    lengths.append(sample_lengths(mask[a : a + chunk_rows]).astype(small))
+                    preds.append(prediction_counts(mpos[a : a + chunk_rows]).astype(np.int16))
         except OSError as e:
             raise UserError(f"shard {info.path} cannot be read ({e}); re-create it or delete the file") from None
     return np.concatenate(lengths), np.concatenate(preds)
@@ -116,8 +127,17 @@ def _out_name(i: int) -> str:
     return f"packed_{i:05d}.hdf5"
 
 
-_CARRIED = ("vocab", "vocab_file", "vocab_sha256", "vocab_size", "mask_id", "special_ids", "masked_lm_prob",
-            "wwm", "split")
+_CARRIED = (
+    "vocab",
+    "vocab_file",
+    "vocab_sha256",
+    "vocab_size",
+    "mask_id",
+    "special_ids",
+    "masked_lm_prob",
+    "wwm",
+    "split",
+)
 """Manifest keys of the input that the packed directory carries over (vocab, masking), so it stands alone."""
 _CARRY = NVIDIA_KEYS
 """The datasets a sample brings into its pack."""
@@ -151,14 +171,16 @@ def _plan(cfg: PackConfig, shards: ShardSet, out: Path, n_out: int, log: Callabl
     packs = assign_packs(lengths, strategy, np.random.default_rng(cfg.seed))
     width = mlm_width(shards.max_pred, cfg.max_per_pack, preds, packs)
     stats = plan_stats(lengths, packs, S)
-    log(f"pack: {stats['sequences']} sequences -> {stats['packs']} packs ({cfg.algorithm}, K={cfg.max_per_pack}, "
-        f"efficiency {stats['packing_efficiency']:.2%}, strategy in {t_alg:.3f}s)")
+    log(
+        f"pack: {stats['sequences']} sequences -> {stats['packs']} packs ({cfg.algorithm}, K={cfg.max_per_pack}, "
+        f"efficiency {stats['packing_efficiency']:.2%}, strategy in {t_alg:.3f}s)"
+    )
     bounds = _shard_bounds(len(packs), n_out)
     names = [_out_name(i) for i in range(n_out)]
     todo = [i for i in range(n_out) if not (out / names[i]).is_file()]
     dest = np.full(len(lengths), -1, np.int32)
     for i in todo:
-        sel = packs[bounds[i]:bounds[i + 1]]
+        sel = packs[bounds[i] : bounds[i + 1]]
         dest[sel[sel >= 0]] = i
     return _Plan(packs, width, stats, t_alg, len(strategy.combos), bounds, names, todo, dest)
 
@@ -170,8 +192,10 @@ def _resume(out: Path, plan_id: str, log: Callable[[str], None]) -> dict[str, An
     if meta_path.is_file():
         meta = read_json(meta_path)
         if meta.get("plan_id") != plan_id:
-            raise UserError(f"{out} holds packed shards of a different run (inputs or settings changed); delete it "
-                            "or choose another --out")
+            raise UserError(
+                f"{out} holds packed shards of a different run (inputs or settings changed); delete it "
+                "or choose another --out"
+            )
         if all((out / n).is_file() for n in meta.get("shards", [])):
             log(f"pack: {out} is complete (same inputs and settings); nothing to do")
             return meta
@@ -179,8 +203,10 @@ def _resume(out: Path, plan_id: str, log: Callable[[str], None]) -> dict[str, An
     plan_file = work / "plan.json"
     same_plan = plan_file.is_file() and read_json(plan_file).get("plan_id") == plan_id
     if not same_plan and not meta_path.is_file() and any(out.glob("packed_*.hdf5")):
-        raise UserError(f"{out} holds packed shards of an unfinished run with other inputs or settings; delete "
-                        "it or choose another --out")
+        raise UserError(
+            f"{out} holds packed shards of an unfinished run with other inputs or settings; delete "
+            "it or choose another --out"
+        )
     if not same_plan and work.exists():
         shutil.rmtree(work)  # buckets of another plan are of no use
     work.mkdir(exist_ok=True)
@@ -197,7 +223,7 @@ def _append_bucket(path: Path, rows: dict[str, list[np.ndarray]]) -> None:
             else:
                 d = f[name]
                 d.resize(d.shape[0] + len(arr), axis=0)
-                d[-len(arr):] = arr
+                d[-len(arr) :] = arr
 
 
 def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig) -> None:
@@ -220,7 +246,7 @@ def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig
         with h5py.File(info.path, "r") as f:
             for a in range(0, info.rows, cfg.chunk_rows):
                 b = min(info.rows, a + cfg.chunk_rows)
-                d = dest[start + a:start + b]
+                d = dest[start + a : start + b]
                 if (d < 0).all():
                     continue
                 chunk = {k: f[k][a:b] for k in _CARRY}
@@ -245,8 +271,14 @@ def _bucket_samples(bucket: Path, sel: np.ndarray, S: int, max_pred: int) -> tup
     """The samples of one output shard from its bucket, in global order, and `sel` (packs, global sample
     indices) as indices into them."""
     if len(sel) == 0:
-        widths = {"input_ids": (S,), "input_mask": (S,), "segment_ids": (S,), "masked_lm_positions": (max_pred,),
-                  "masked_lm_ids": (max_pred,), "next_sentence_labels": ()}
+        widths = {
+            "input_ids": (S,),
+            "input_mask": (S,),
+            "segment_ids": (S,),
+            "masked_lm_positions": (max_pred,),
+            "masked_lm_ids": (max_pred,),
+            "next_sentence_labels": (),
+        }
         return {k: np.zeros((0,) + widths[k], np.int32) for k in _CARRY}, sel
     with h5py.File(bucket, "r") as f:
         samples = {k: f[k][()] for k in _CARRY}
@@ -264,10 +296,16 @@ def _write_packed(cfg: PackConfig, shards: ShardSet, plan: _Plan, out: Path, log
     """Pass 2b: one bucket -> one packed shard, for every output shard not written yet."""
     from bertforge.data.shards import write_shard
 
-    attrs = {KIND_ATTR: "packed", "algorithm": cfg.algorithm, "max_per_pack": cfg.max_per_pack,
-             "seq_len": shards.seq_len, "max_pred": shards.max_pred, "mlm_width": plan.width}
+    attrs = {
+        KIND_ATTR: "packed",
+        "algorithm": cfg.algorithm,
+        "max_per_pack": cfg.max_per_pack,
+        "seq_len": shards.seq_len,
+        "max_pred": shards.max_pred,
+        "mlm_width": plan.width,
+    }
     for i in plan.todo:
-        sel = plan.packs[plan.bounds[i]:plan.bounds[i + 1]]
+        sel = plan.packs[plan.bounds[i] : plan.bounds[i + 1]]
         bucket = out / WORK_DIR / f"bucket_{i:05d}.h5"
         samples, local = _bucket_samples(bucket, sel, shards.seq_len, shards.max_pred)
         write_shard(out / plan.names[i], build_packed_rows(samples, local, plan.width), attrs=attrs)
@@ -281,11 +319,20 @@ def _write_metadata(cfg: PackConfig, shards: ShardSet, plan: _Plan, plan_id: str
     source = shards.manifest
     meta = {
         **{k: source[k] for k in _CARRIED if k in source},
-        "algorithm": cfg.algorithm, "max_per_pack": cfg.max_per_pack, "k_max": cfg.max_per_pack,
-        "seq_len": shards.seq_len, "max_pred": shards.max_pred, "mlm_width": plan.width, "seed": cfg.seed,
-        **plan.stats, "strategy_seconds": plan.strategy_seconds, "distinct_packs": plan.distinct_packs,
-        "input_dir": str(shards.directory), "input_shards": [p.name for p in shards.files],
-        "shards": plan.names, "plan_id": plan_id,
+        "algorithm": cfg.algorithm,
+        "max_per_pack": cfg.max_per_pack,
+        "k_max": cfg.max_per_pack,
+        "seq_len": shards.seq_len,
+        "max_pred": shards.max_pred,
+        "mlm_width": plan.width,
+        "seed": cfg.seed,
+        **plan.stats,
+        "strategy_seconds": plan.strategy_seconds,
+        "distinct_packs": plan.distinct_packs,
+        "input_dir": str(shards.directory),
+        "input_shards": [p.name for p in shards.files],
+        "shards": plan.names,
+        "plan_id": plan_id,
     }
     write_text(out / METADATA, json.dumps(meta, indent=2) + "\n")
     return meta

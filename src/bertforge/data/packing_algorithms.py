@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -132,7 +132,7 @@ def _walk(histogram: np.ndarray, max_len: int, max_per_pack: int, best_fit: bool
     if max_per_pack < 1:
         raise UserError(f"--max-per-pack must be at least 1, not {max_per_pack}")
     h = np.asarray(histogram, np.int64)
-    if len(h) > max_len + 1 and h[max_len + 1:].any():
+    if len(h) > max_len + 1 and h[max_len + 1 :].any():
         raise UserError(f"the histogram holds sequences longer than {max_len}")
     groups = _OpenGroups(max_len, max_per_pack)
     for length in range(min(len(h) - 1, max_len), 0, -1):  # longest first
@@ -202,15 +202,17 @@ def nnlshp(histogram: np.ndarray, max_len: int, max_per_pack: int = 3, max_colum
     present = np.nonzero(h[1:])[0] + 1
     combos = _exact_combos(present, max_len, max_per_pack)
     if len(combos) > max_columns:
-        raise UserError(f"nnlshp would solve a least-squares problem with {len(combos)} columns (over "
-                        f"{max_columns}); use --algorithm lpfhp or spfhp, or a smaller --max-per-pack")
+        raise UserError(
+            f"nnlshp would solve a least-squares problem with {len(combos)} columns (over "
+            f"{max_columns}); use --algorithm lpfhp or spfhp, or a smaller --max-per-pack"
+        )
     counts = np.zeros(len(combos), np.int64)
     if combos:
         rows = present - 1
         A = np.zeros((len(present), len(combos)))  # (L, J): how often each present length occurs in combo j
         where = {int(length): i for i, length in enumerate(present)}
-        for j, c in enumerate(combos):
-            for length in c:
+        for j, combo in enumerate(combos):
+            for length in combo:
                 A[where[length], j] += 1
         # Graphcore weights the very short lengths down: they are cheap to leave over and pad
         w = np.where(rows < 8, 0.09, 1.0)
@@ -272,7 +274,7 @@ def assign_packs(lengths: np.ndarray, strategy: Strategy, rng: np.random.Generat
             start = cursor[length]
             if start + count > cursor[length + 1]:
                 raise ValueError(f"strategy needs more sequences of length {length} than there are")
-            packs[row:row + count, slot] = order[start:start + count]
+            packs[row : row + count, slot] = order[start : start + count]
             cursor[length] = start + count
         row += count
     # shuffle the packs: gather whole rows as opaque K*4-byte items (3-4x faster than 2-D fancy indexing)

@@ -21,7 +21,8 @@ never overflow, and all shards of one run share W (static shapes for the loader 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +31,9 @@ from bertforge.data.shardset import PACKED_SCHEMA
 
 
 # ============================================================================================ rows
-def mlm_width(max_pred: int, max_per_pack: int, pred_counts: np.ndarray | None = None,
-              packs: np.ndarray | None = None) -> int:
+def mlm_width(
+    max_pred: int, max_per_pack: int, pred_counts: np.ndarray | None = None, packs: np.ndarray | None = None
+) -> int:
     """max(max_pred + K, the largest per-pack sum of real predictions): a width that cannot overflow."""
     width = max_pred + max_per_pack
     if pred_counts is not None and packs is not None and len(packs):
@@ -50,8 +52,9 @@ def prediction_counts(masked_lm_positions: np.ndarray) -> np.ndarray:
     return (np.asarray(masked_lm_positions) != 0).sum(axis=1)
 
 
-def build_packed_rows(samples: Mapping[str, np.ndarray], packs: np.ndarray,
-                      width: int | None = None) -> dict[str, np.ndarray]:
+def build_packed_rows(
+    samples: Mapping[str, np.ndarray], packs: np.ndarray, width: int | None = None
+) -> dict[str, np.ndarray]:
     """Packed rows (the schema in the module docstring) from unpacked NVIDIA-schema `samples`.
 
     samples: input_ids (N,S), input_mask (N,S), segment_ids (N,S), masked_lm_positions (N,P),
@@ -68,7 +71,7 @@ def build_packed_rows(samples: Mapping[str, np.ndarray], packs: np.ndarray,
     nsp = np.asarray(samples["next_sentence_labels"]).reshape(N)
     if width is None:
         width = mlm_width(mpos.shape[1], K, prediction_counts(mpos), packs)
-    out = {
+    out: dict[str, np.ndarray] = {
         "input_ids": np.zeros((R, S), np.int32),
         "segment_ids": np.zeros((R, S), np.int8),
         "positions": np.zeros((R, S), np.int32),
@@ -118,8 +121,13 @@ def build_packed_rows(samples: Mapping[str, np.ndarray], packs: np.ndarray,
     return {name: out[name] for name in PACKED_SCHEMA}
 
 
-def pack_samples(samples: Mapping[str, np.ndarray], max_per_pack: int = 3, algorithm: str = "lpfhp",
-                 rng: np.random.Generator | None = None, width: int | None = None) -> dict[str, np.ndarray]:
+def pack_samples(
+    samples: Mapping[str, np.ndarray],
+    max_per_pack: int = 3,
+    algorithm: str = "lpfhp",
+    rng: np.random.Generator | None = None,
+    width: int | None = None,
+) -> dict[str, np.ndarray]:
     """Pack a window of unpacked, already-masked samples on the fly (the loader's path for dynamic-masking
     shards): the same histogram algorithms over the window, then `build_packed_rows`. Returns packed rows
     (fewer than the samples); `width` fixes the masked-LM width (default max_pred + K, wider if needed)."""

@@ -28,8 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import h5py
 import numpy as np
@@ -84,7 +85,7 @@ def read_shard(path: str | os.PathLike, validate: bool = True) -> dict[str, np.n
     path = Path(path)
     with open_shard(path) as f:
         try:
-            out = {name: f[name][()] for name in f.keys() if isinstance(f[name], h5py.Dataset)}
+            out = {name: f[name][()] for name in f if isinstance(f[name], h5py.Dataset)}
         except OSError as e:
             raise UserError(f"shard {path} is corrupt ({e}); re-create it or delete the file") from e
     if validate:
@@ -107,9 +108,12 @@ def validate_arrays(arrays: Mapping[str, np.ndarray], path: str | os.PathLike = 
     for name in ("input_mask", "segment_ids", "word_starts"):
         if name in arrays and arrays[name].shape != ids.shape:
             raise UserError(f"shard {path}: {name} has shape {arrays[name].shape}, input_ids {ids.shape}")
-    if "masked_lm_positions" in arrays and "masked_lm_ids" in arrays:
-        if arrays["masked_lm_positions"].shape != arrays["masked_lm_ids"].shape:
-            raise UserError(f"shard {path}: masked_lm_positions and masked_lm_ids differ in shape")
+    if (
+        "masked_lm_positions" in arrays
+        and "masked_lm_ids" in arrays
+        and arrays["masked_lm_positions"].shape != arrays["masked_lm_ids"].shape
+    ):
+        raise UserError(f"shard {path}: masked_lm_positions and masked_lm_ids differ in shape")
     return n
 
 
@@ -175,7 +179,7 @@ class ShardWriter:
         finally:
             self.tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -80,10 +81,14 @@ def list_shards(path: str | os.PathLike) -> list[Path]:
     if d.is_file():
         return [d]
     if not d.is_dir():
-        raise UserError(f"shard directory {d} does not exist; run `bertforge data shards` or `bertforge data "
-                        "prepare` first, or fix the path (data.input_dir / data.eval_dir)")
-    return sorted((p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and not p.name.startswith(".")
-                   and p.is_file()), key=natural_key)
+        raise UserError(
+            f"shard directory {d} does not exist; run `bertforge data shards` or `bertforge data "
+            "prepare` first, or fix the path (data.input_dir / data.eval_dir)"
+        )
+    return sorted(
+        (p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and not p.name.startswith(".") and p.is_file()),
+        key=natural_key,
+    )
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -118,7 +123,7 @@ def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def kind_of(keys: set[str] | frozenset[str], attrs: Mapping[str, Any]) -> str:
-    """"nvidia" (masked at creation), "dynamic" (unmasked pairs) or "packed", from datasets and attributes."""
+    """ "nvidia" (masked at creation), "dynamic" (unmasked pairs) or "packed", from datasets and attributes."""
     if attrs.get(KIND_ATTR) in ("dynamic", "packed"):
         return str(attrs[KIND_ATTR])
     if "next_sentence_positions" in keys:
@@ -136,8 +141,9 @@ def open_shard(path: Path):
     try:
         return h5py.File(path, "r")
     except OSError as e:
-        raise UserError(f"shard {path} is not a readable HDF5 file ({e}); re-create it with `bertforge data "
-                        "shards` or delete it") from None
+        raise UserError(
+            f"shard {path} is not a readable HDF5 file ({e}); re-create it with `bertforge data shards` or delete it"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,7 @@ class ShardInfo:
     attrs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, path: Path) -> "ShardInfo":
+    def read(cls, path: Path) -> ShardInfo:
         import h5py
 
         try:
@@ -161,22 +167,27 @@ class ShardInfo:
                 keys = set(h.keys())
                 attrs = {k: _plain(v) for k, v in h.attrs.items()}
                 if "input_ids" not in keys or "input_mask" not in keys:
-                    raise UserError(f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
-                                    "shard: move it out of the directory")
+                    raise UserError(
+                        f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
+                        "shard: move it out of the directory"
+                    )
                 rows, seq_len = h["input_ids"].shape
                 max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
                 sizes = {k: h[k].shape[0] for k in keys if isinstance(h[k], h5py.Dataset) and h[k].shape}
         except (OSError, KeyError) as e:
-            raise UserError(f"shard {path} cannot be read ({e}); re-create it with `bertforge data shards` or "
-                            "delete it") from None
+            raise UserError(
+                f"shard {path} cannot be read ({e}); re-create it with `bertforge data shards` or delete it"
+            ) from None
         bad = {k: n for k, n in sizes.items() if n != rows}
         if bad:
-            raise UserError(f"shard {path} is truncated or inconsistent: input_ids has {rows} rows but {bad}; "
-                            "re-create it or delete the file")
+            raise UserError(
+                f"shard {path} is truncated or inconsistent: input_ids has {rows} rows but {bad}; "
+                "re-create it or delete the file"
+            )
         return cls(path, int(rows), kind_of(keys, attrs), int(seq_len), int(max_pred), attrs)
 
 
-_CACHE: dict[str, tuple[tuple, "ShardSet"]] = {}
+_CACHE: dict[str, tuple[tuple, ShardSet]] = {}
 """resolved path -> (file signature, its ShardSet): one entry per path, replaced when the files change."""
 
 
@@ -194,7 +205,7 @@ class ShardSet:
     KINDS: ClassVar[tuple[str, ...]] = tuple(SCHEMAS)
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "ShardSet":
+    def open(cls, path: str | os.PathLike) -> ShardSet:
         """The ShardSet of a directory (or of a single shard file), read once per process and directory."""
         p = Path(path).resolve()
         files = list_shards(p)
@@ -206,19 +217,23 @@ class ShardSet:
         return cached[1]
 
     @classmethod
-    def _read(cls, p: Path, directory: Path, files: list[Path]) -> "ShardSet":
+    def _read(cls, p: Path, directory: Path, files: list[Path]) -> ShardSet:
         if not files:
             raise UserError(f"no .hdf5 shards in {p}; run `bertforge data shards` to create them")
         infos = tuple(ShardInfo.read(f) for f in files)
         kinds = sorted({i.kind for i in infos})
         if len(kinds) > 1:
             first = {k: next(i.path.name for i in infos if i.kind == k) for k in kinds}
-            raise UserError(f"shards in {directory} mix kinds ({', '.join(f'{n}: {k}' for k, n in first.items())}); "
-                            "keep one kind per directory")
+            raise UserError(
+                f"shards in {directory} mix kinds ({', '.join(f'{n}: {k}' for k, n in first.items())}); "
+                "keep one kind per directory"
+            )
         widths = {(i.seq_len, i.max_pred) for i in infos}
         if len(widths) > 1:
-            raise UserError(f"shards in {directory} differ in seq_len/max_pred {sorted(widths)}; keep shards of one "
-                            "`bertforge data shards` run per directory")
+            raise UserError(
+                f"shards in {directory} differ in seq_len/max_pred {sorted(widths)}; keep shards of one "
+                "`bertforge data shards` run per directory"
+            )
         manifest = read_manifest(directory)
         if p.is_dir():
             _check_listed(directory, manifest, infos)
@@ -308,27 +323,37 @@ class ShardSet:
         """A UserError when the model cannot take these shards: rows longer than its position table, or token
         ids (the vocab the manifest records) beyond its vocab."""
         if self.seq_len > max_position_embeddings:
-            raise UserError(f"shards in {self.directory} have seq_len {self.seq_len} but the model has "
-                            f"max_position_embeddings {max_position_embeddings}; set model.max_position_embeddings "
-                            f"to at least {self.seq_len}")
+            raise UserError(
+                f"shards in {self.directory} have seq_len {self.seq_len} but the model has "
+                f"max_position_embeddings {max_position_embeddings}; set model.max_position_embeddings "
+                f"to at least {self.seq_len}"
+            )
         if self.vocab_size is not None and self.vocab_size > vocab_size:
-            raise UserError(f"shards in {self.directory} were built with a vocab of {self.vocab_size} tokens but the "
-                            f"model's vocab_size is {vocab_size}; set model.vocab_size to at least "
-                            f"{self.vocab_size} (or leave it unset to take it from the data)")
+            raise UserError(
+                f"shards in {self.directory} were built with a vocab of {self.vocab_size} tokens but the "
+                f"model's vocab_size is {vocab_size}; set model.vocab_size to at least "
+                f"{self.vocab_size} (or leave it unset to take it from the data)"
+            )
 
-    def check_compatible(self, other: "ShardSet") -> None:
+    def check_compatible(self, other: ShardSet) -> None:
         """A UserError unless `other` (e.g. the eval shards) fits the model trained on these: same seq_len, same
         vocab. Any kind may be evaluated on any other (packed training, unpacked eval is the usual pairing)."""
         where = f"{self.directory} and {other.directory}"
         if self.seq_len != other.seq_len:
-            raise UserError(f"shards in {where} differ in seq_len ({self.seq_len} vs {other.seq_len}); use eval "
-                            "shards of the same phase (data.eval_dir)")
+            raise UserError(
+                f"shards in {where} differ in seq_len ({self.seq_len} vs {other.seq_len}); use eval "
+                "shards of the same phase (data.eval_dir)"
+            )
         if None not in (self.vocab_size, other.vocab_size) and self.vocab_size != other.vocab_size:
-            raise UserError(f"shards in {where} were built with different vocabs ({self.vocab_size} vs "
-                            f"{other.vocab_size} tokens); rebuild the eval shards with the training vocab")
+            raise UserError(
+                f"shards in {where} were built with different vocabs ({self.vocab_size} vs "
+                f"{other.vocab_size} tokens); rebuild the eval shards with the training vocab"
+            )
         if None not in (self.vocab_sha, other.vocab_sha) and self.vocab_sha != other.vocab_sha:
-            raise UserError(f"shards in {where} were built with different vocab files (sha256 differs); rebuild the "
-                            "eval shards with the training vocab")
+            raise UserError(
+                f"shards in {where} were built with different vocab files (sha256 differs); rebuild the "
+                "eval shards with the training vocab"
+            )
 
     # ------------------------------------------------------------------------------------ batch arithmetic
     def rows_per_update(self, global_batch: int, micro_batch: int, world_size: int) -> int:
@@ -367,9 +392,13 @@ def _check_listed(directory: Path, manifest: Mapping[str, Any], infos: tuple[Sha
         if not isinstance(name, str):
             continue
         if name not in have:
-            raise UserError(f"shard {directory / name} is missing (listed in the manifest of {directory}); re-run "
-                            "the command that wrote the directory (finished shards are kept) or restore the file")
+            raise UserError(
+                f"shard {directory / name} is missing (listed in the manifest of {directory}); re-run "
+                "the command that wrote the directory (finished shards are kept) or restore the file"
+            )
         want = entry.get("instances") if isinstance(entry, dict) else None
         if want is not None and int(want) != have[name].rows:
-            raise UserError(f"shard {directory / name} is truncated (expected {want} rows, found "
-                            f"{have[name].rows}); re-run `bertforge data shards` or delete the file")
+            raise UserError(
+                f"shard {directory / name} is truncated (expected {want} rows, found "
+                f"{have[name].rows}); re-run `bertforge data shards` or delete the file"
+            )

@@ -4,8 +4,8 @@ Sources (`SOURCE` of `bertforge data docs --source`, or `--dump` of `data wiki`)
 
 - `F.xml` / `F.xml.bz2`: a MediaWiki pages-articles dump, streamed with `xml.etree.ElementTree.iterparse`
   (bz2 decompressed on the fly; the parsed page is cleared right away, so memory stays flat). Article
-  namespace (0) only; redirects skipped. Wikitext -> prose happens in `wikitext_to_text` (`wikiclean`). `bertforge data wiki`
-  reads dumps in parallel chunks instead (`wikidump`, `documents.run_wiki`).
+  namespace (0) only; redirects skipped. Wikitext -> prose happens in `wikitext_to_text` (`wikiclean`).
+  `bertforge data wiki` reads dumps in parallel chunks instead (`wikidump`, `documents.run_wiki`).
 - a WikiExtractor output directory (files of `<doc id=... title=...>` ... `</doc>` blocks; the first line of
   a block is the title and is dropped).
 - text files and globs: a blank line ends a document (or `one_doc_per_file`). A file in WikiText's raw
@@ -26,8 +26,8 @@ import io
 import os
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from bertforge.errors import UserError
 
@@ -112,7 +112,8 @@ def _iter_files(files: list[Path], one_doc_per_file: bool) -> Iterator[Doc]:
 
 def iter_wikitext(path: Path) -> Iterator[Doc]:
     """WikiText raw format: ` = Title = ` starts an article; sub-headings dropped; paragraphs kept."""
-    title, paras = "", []
+    title = ""
+    paras: list[str] = []
     for line in _read_text(path):
         s = line.rstrip("\n")
         if WIKITEXT_SUBHEADING.match(s):
@@ -150,7 +151,8 @@ def _is_wikiextractor_dir(path: Path) -> bool:
 def iter_wikiextractor(path: Path) -> Iterator[Doc]:
     """`<doc id=.. url=.. title=..>` blocks of WikiExtractor output; the title line after the tag is dropped."""
     for f in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        title, body, inside = "", [], False
+        title, inside = "", False
+        body: list[str] = []
         for line in _read_text(f):
             m = _DOC_OPEN.match(line)
             if m:
@@ -274,8 +276,24 @@ def iter_hf(spec: str) -> Iterator[Doc]:
 # ------------------------------------------------------------------------------------------- built-in
 # modules with side effects on import, or GUI/test packages with no prose worth having
 _SKIP_MODULES = {
-    "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__main__", "lib2to3", "test",
-    "ensurepip", "venv", "pydoc_data", "xxsubtype", "xxlimited", "_xxtestfuzz", "msilib", "winreg", "winsound",
+    "antigravity",
+    "this",
+    "idlelib",
+    "tkinter",
+    "turtle",
+    "turtledemo",
+    "__main__",
+    "lib2to3",
+    "test",
+    "ensurepip",
+    "venv",
+    "pydoc_data",
+    "xxsubtype",
+    "xxlimited",
+    "_xxtestfuzz",
+    "msilib",
+    "winreg",
+    "winsound",
 }
 
 
@@ -348,7 +366,6 @@ def iter_python_docs() -> Iterator[Doc]:
     import contextlib
     import importlib
     import warnings
-
     from pydoc_data.topics import topics
 
     for name in sorted(topics):
@@ -357,8 +374,11 @@ def iter_python_docs() -> Iterator[Doc]:
             yield f"topic:{name}", "\n\n".join(paras)
     for modname in _python_modules():
         try:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                    contextlib.redirect_stderr(io.StringIO()):
+            with (
+                warnings.catch_warnings(),
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 warnings.simplefilter("ignore")
                 mod = importlib.import_module(modname)
         except BaseException:  # noqa: BLE001 - platform-specific modules fail to import in many ways

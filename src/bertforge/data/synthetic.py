@@ -45,17 +45,18 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from bertforge.data import packing_algorithms as pa
 from bertforge.data import packing_rows as pr
-from bertforge.data.shardset import PACKED_SCHEMA, packed_rows_per_update
 from bertforge.data.instances import mask_batch, num_to_predict
 from bertforge.data.loader import batch_arithmetic
+from bertforge.data.shardset import PACKED_SCHEMA, packed_rows_per_update
 from bertforge.errors import ConfigError
 
 MIN_LEN = 5
@@ -127,8 +128,9 @@ def length_pmf(histogram: Any, seq_len: int) -> np.ndarray:
         pmf[seq_len] = 1.0
         return pmf
     if isinstance(histogram, str) or not isinstance(histogram, Sequence) or not histogram:
-        raise ConfigError(f"data.synthetic_histogram must be 'wiki', 'full' or a list of [length, weight] pairs, "
-                          f"got {histogram!r}")
+        raise ConfigError(
+            f"data.synthetic_histogram must be 'wiki', 'full' or a list of [length, weight] pairs, got {histogram!r}"
+        )
     pmf = np.zeros(seq_len + 1)
     for item in histogram:
         try:
@@ -137,8 +139,10 @@ def length_pmf(histogram: Any, seq_len: int) -> np.ndarray:
         except (TypeError, ValueError):
             raise ConfigError(f"data.synthetic_histogram: {item!r} is not a [length, weight] pair") from None
         if not MIN_LEN <= length <= seq_len or not weight >= 0:
-            raise ConfigError(f"data.synthetic_histogram: length {length} must lie in {MIN_LEN}..{seq_len} and "
-                              f"weight {weight} must be >= 0")
+            raise ConfigError(
+                f"data.synthetic_histogram: length {length} must lie in {MIN_LEN}..{seq_len} and "
+                f"weight {weight} must be >= 0"
+            )
         pmf[length] += weight
     if pmf.sum() <= 0:
         raise ConfigError("data.synthetic_histogram: the weights sum to 0")
@@ -176,8 +180,14 @@ def token_ids(vocab_size: int) -> TokenIds:
     return TokenIds(pad=0, cls=2, sep=3, mask=4, first_word=5)
 
 
-def make_sequences(lengths: np.ndarray, seq_len: int, max_pred: int, vocab_size: int, rng: np.random.Generator,
-                   masked_lm_prob: float = 0.15) -> dict[str, np.ndarray]:
+def make_sequences(
+    lengths: np.ndarray,
+    seq_len: int,
+    max_pred: int,
+    vocab_size: int,
+    rng: np.random.Generator,
+    masked_lm_prob: float = 0.15,
+) -> dict[str, np.ndarray]:
     """Masked rows `[CLS] A [SEP] B [SEP]` of the given real lengths (N,), in the NVIDIA schema (DESIGN §3.2)."""
     ids = token_ids(vocab_size)
     L = np.asarray(lengths, np.int64)
@@ -192,11 +202,17 @@ def make_sequences(lengths: np.ndarray, seq_len: int, max_pred: int, vocab_size:
     real = col < L[:, None]  # (N, S)
     tokens[~real] = ids.pad
     segments = (col > sep1[:, None]) & real  # B and the last [SEP]
-    masked, positions, labels = mask_batch(tokens, L, rng, vocab_size, max_pred, masked_lm_prob,
-                                           special_ids=(ids.pad, ids.cls, ids.sep), mask_id=ids.mask)
-    return {"input_ids": masked, "input_mask": real.astype(np.int8), "segment_ids": segments.astype(np.int8),
-            "masked_lm_positions": positions, "masked_lm_ids": labels,
-            "next_sentence_labels": rng.integers(0, 2, N).astype(np.int8)}
+    masked, positions, labels = mask_batch(
+        tokens, L, rng, vocab_size, max_pred, masked_lm_prob, special_ids=(ids.pad, ids.cls, ids.sep), mask_id=ids.mask
+    )
+    return {
+        "input_ids": masked,
+        "input_mask": real.astype(np.int8),
+        "segment_ids": segments.astype(np.int8),
+        "masked_lm_positions": positions,
+        "masked_lm_ids": labels,
+        "next_sentence_labels": rng.integers(0, 2, N).astype(np.int8),
+    }
 
 
 # ============================================================================================ packing
@@ -217,8 +233,14 @@ class PackPlan:
 
 
 @functools.lru_cache(maxsize=8)
-def pack_plan(seq_len: int, histogram: Any, max_per_pack: int, max_pred: int, masked_lm_prob: float = 0.15,
-              algorithm: str = "lpfhp") -> PackPlan:
+def pack_plan(
+    seq_len: int,
+    histogram: Any,
+    max_per_pack: int,
+    max_pred: int,
+    masked_lm_prob: float = 0.15,
+    algorithm: str = "lpfhp",
+) -> PackPlan:
     """The packing strategy of PACK_SAMPLE sequences of the histogram (hashable: str or tuple of pairs)."""
     hist = np.rint(length_pmf(histogram, seq_len) * PACK_SAMPLE).astype(np.int64)
     strategy = pa.pack_histogram(hist, seq_len, max_per_pack, algorithm)
@@ -227,12 +249,24 @@ def pack_plan(seq_len: int, histogram: Any, max_per_pack: int, max_pred: int, ma
         table[j, : len(combo)] = combo
     preds = num_to_predict(np.arange(seq_len + 1), max_pred, masked_lm_prob)  # predictions by length
     width = pr.mlm_width(max_pred, max_per_pack, preds, np.where(table > 0, table, -1))
-    return PackPlan(table, np.cumsum(strategy.counts).astype(np.float64), strategy.sequences / strategy.packs,
-                    strategy.efficiency, width)
+    return PackPlan(
+        table,
+        np.cumsum(strategy.counts).astype(np.float64),
+        strategy.sequences / strategy.packs,
+        strategy.efficiency,
+        width,
+    )
 
 
-def make_packed_rows(plan: PackPlan, rows: int, seq_len: int, max_pred: int, vocab_size: int,
-                     rng: np.random.Generator, masked_lm_prob: float = 0.15) -> dict[str, np.ndarray]:
+def make_packed_rows(
+    plan: PackPlan,
+    rows: int,
+    seq_len: int,
+    max_pred: int,
+    vocab_size: int,
+    rng: np.random.Generator,
+    masked_lm_prob: float = 0.15,
+) -> dict[str, np.ndarray]:
     """`rows` packed rows (the packed schema), each an independent draw of one of the plan's packs."""
     kinds = np.searchsorted(plan.cdf, rng.random(rows) * plan.cdf[-1], side="right")  # (R,)
     lengths = plan.table[kinds]  # (R, K) sequence lengths, 0 = empty slot
@@ -254,17 +288,19 @@ def pack_in_order(samples: dict[str, np.ndarray], lengths: np.ndarray, width: in
     real = col < ends[:, -1:]  # (R, S)
     slot = np.zeros((R, S), np.int64)  # (R, S) slot of each position (K on padding); a loop over K beats (R, S, K)
     for k in range(K):
-        slot += col >= ends[:, k:k + 1]
+        slot += col >= ends[:, k : k + 1]
     slot_c = np.minimum(slot, K - 1)
     rel = col - np.take_along_axis(starts, slot_c, 1)  # (R, S) position within its sequence
     src = np.where(real, np.take_along_axis(seq_of, slot_c, 1) * S + rel, 0)  # (R, S) flat index into samples
-    out = {"input_ids": np.where(real, samples["input_ids"].ravel()[src], 0).astype(np.int32),
-           "segment_ids": np.where(real, samples["segment_ids"].ravel()[src], 0).astype(np.int8),
-           "positions": np.where(real, rel, 0).astype(np.int32),
-           "input_mask": np.where(real, slot + 1, 0).astype(np.int8),
-           "next_sentence_positions": np.where(used, starts, 0).astype(np.int32),
-           "next_sentence_labels": np.where(used, samples["next_sentence_labels"][seq_of], 0).astype(np.int8),
-           "next_sentence_weights": used.astype(np.int8)}
+    out: dict[str, np.ndarray] = {
+        "input_ids": np.where(real, samples["input_ids"].ravel()[src], 0).astype(np.int32),
+        "segment_ids": np.where(real, samples["segment_ids"].ravel()[src], 0).astype(np.int8),
+        "positions": np.where(real, rel, 0).astype(np.int32),
+        "input_mask": np.where(real, slot + 1, 0).astype(np.int8),
+        "next_sentence_positions": np.where(used, starts, 0).astype(np.int32),
+        "next_sentence_labels": np.where(used, samples["next_sentence_labels"][seq_of], 0).astype(np.int8),
+        "next_sentence_weights": used.astype(np.int8),
+    }
     # predictions: sequences in pack order and positions sorted within each, so row-major order of the
     # (sequence, slot) grid is the row's order; shift by the offset and compact to the front of the row
     pos = samples["masked_lm_positions"]  # (M, P)
@@ -296,10 +332,23 @@ class SyntheticLoader:
     converts a global batch of sequences.
     """
 
-    def __init__(self, seq_len: int, max_pred: int, vocab_size: int, global_batch: int, micro_batch: int,
-                 rank: int, world_size: int, seed: int, histogram: Any = "wiki", pack: int = 0,
-                 masked_lm_prob: float = 0.15, pack_algorithm: str = "lpfhp", num_workers: int = 0,
-                 prefetch: int = 4):
+    def __init__(
+        self,
+        seq_len: int,
+        max_pred: int,
+        vocab_size: int,
+        global_batch: int,
+        micro_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        histogram: Any = "wiki",
+        pack: int = 0,
+        masked_lm_prob: float = 0.15,
+        pack_algorithm: str = "lpfhp",
+        num_workers: int = 0,
+        prefetch: int = 4,
+    ):
         check_params(seq_len, max_pred, vocab_size, histogram, pack, pack_algorithm)
         self.num_workers, self.prefetch = num_workers, prefetch
         self.seq_len, self.vocab_size, self.micro_batch, self.seed = seq_len, vocab_size, micro_batch, seed
@@ -308,8 +357,7 @@ class SyntheticLoader:
         self.my_lanes = list(range(rank * self._accum, (rank + 1) * self._accum))
         self.histogram = _hashable(histogram)
         self.cdf = np.cumsum(length_pmf(self.histogram, seq_len))
-        self.plan = (pack_plan(seq_len, self.histogram, pack, max_pred, masked_lm_prob, pack_algorithm)
-                     if pack else None)
+        self.plan = pack_plan(seq_len, self.histogram, pack, max_pred, masked_lm_prob, pack_algorithm) if pack else None
 
     @property
     def accum(self) -> int:
@@ -338,8 +386,9 @@ class SyntheticLoader:
         """Micro-batch `number` of lane `lane`: a pure function of (seed, lane, number)."""
         rng = np.random.default_rng([self.seed, lane, number])
         if self.plan is not None:
-            rows = make_packed_rows(self.plan, self.micro_batch, self.seq_len, self._max_pred, self.vocab_size,
-                                    rng, self.masked_lm_prob)
+            rows = make_packed_rows(
+                self.plan, self.micro_batch, self.seq_len, self._max_pred, self.vocab_size, rng, self.masked_lm_prob
+            )
             return pr.packed_model_inputs(rows)
         lengths = sample_lengths(self.cdf, self.micro_batch, rng)
         rows = make_sequences(lengths, self.seq_len, self._max_pred, self.vocab_size, rng, self.masked_lm_prob)
@@ -353,11 +402,17 @@ class SyntheticLoader:
             return iter(stream)
         from bertforge.data.loader import _can_fork
 
-        return iter(torch.utils.data.DataLoader(
-            stream, batch_size=None, num_workers=self.num_workers, prefetch_factor=self.prefetch,
-            # its own generator: creating the iterator must not draw from the global RNG (exact resume)
-            generator=torch.Generator().manual_seed(self.seed),
-            multiprocessing_context="fork" if _can_fork() else None))
+        return iter(
+            torch.utils.data.DataLoader(
+                stream,
+                batch_size=None,
+                num_workers=self.num_workers,
+                prefetch_factor=self.prefetch,
+                # its own generator: creating the iterator must not draw from the global RNG (exact resume)
+                generator=torch.Generator().manual_seed(self.seed),
+                multiprocessing_context="fork" if _can_fork() else None,
+            )
+        )
 
 
 class _SyntheticStream(torch.utils.data.IterableDataset):
@@ -376,8 +431,9 @@ class _SyntheticStream(torch.utils.data.IterableDataset):
             yield self.loader.batch(lanes[k % len(lanes)], self.start + k // len(lanes))
 
 
-def check_params(seq_len: int, max_pred: int, vocab_size: int, histogram: Any, pack: int,
-                 pack_algorithm: str = "lpfhp") -> None:
+def check_params(
+    seq_len: int, max_pred: int, vocab_size: int, histogram: Any, pack: int, pack_algorithm: str = "lpfhp"
+) -> None:
     """ConfigError naming the data.synthetic_* key to change, for settings no synthetic row can satisfy."""
     length_pmf(histogram, seq_len)  # checks seq_len and the histogram
     if not 1 <= max_pred <= seq_len - 3:
@@ -386,25 +442,50 @@ def check_params(seq_len: int, max_pred: int, vocab_size: int, histogram: Any, p
     if pack < 0:
         raise ConfigError(f"data.synthetic_pack must be >= 0 (0 = unpacked), got {pack}")
     if pack_algorithm not in pa.ALGORITHMS:
-        raise ConfigError(f"data.synthetic_pack_algorithm must be one of {', '.join(pa.ALGORITHMS)}, "
-                          f"got {pack_algorithm!r}")
+        raise ConfigError(
+            f"data.synthetic_pack_algorithm must be one of {', '.join(pa.ALGORITHMS)}, got {pack_algorithm!r}"
+        )
 
 
-def loader_for(cfg_data: Any, global_batch: int, micro_batch: int, rank: int, world_size: int,
-               seed: int) -> SyntheticLoader:
+def loader_for(
+    cfg_data: Any, global_batch: int, micro_batch: int, rank: int, world_size: int, seed: int
+) -> SyntheticLoader:
     """The synthetic loader of a `PretrainDataConfig` with input_dir "synthetic". `global_batch` counts
     sequences (train.global_batch_size): packed, the update takes global / avg_seq_per_sample rows. Batches
     are made in data.num_workers processes, data.prefetch each ahead."""
     d = cfg_data
-    args = (d.synthetic_seq_len, d.synthetic_max_pred, d.synthetic_vocab_size, d.synthetic_histogram,
-            d.synthetic_pack, d.synthetic_pack_algorithm)
+    args = (
+        d.synthetic_seq_len,
+        d.synthetic_max_pred,
+        d.synthetic_vocab_size,
+        d.synthetic_histogram,
+        d.synthetic_pack,
+        d.synthetic_pack_algorithm,
+    )
     check_params(*args)
     rows = global_batch
     if d.synthetic_pack:
-        plan = pack_plan(d.synthetic_seq_len, _hashable(d.synthetic_histogram), d.synthetic_pack,
-                         d.synthetic_max_pred, 0.15, d.synthetic_pack_algorithm)
+        plan = pack_plan(
+            d.synthetic_seq_len,
+            _hashable(d.synthetic_histogram),
+            d.synthetic_pack,
+            d.synthetic_max_pred,
+            0.15,
+            d.synthetic_pack_algorithm,
+        )
         rows = packed_rows_per_update(global_batch, plan.avg_seq_per_sample, micro_batch, world_size)
-    return SyntheticLoader(d.synthetic_seq_len, d.synthetic_max_pred, d.synthetic_vocab_size, rows, micro_batch,
-                           rank, world_size, seed, d.synthetic_histogram, d.synthetic_pack,
-                           pack_algorithm=d.synthetic_pack_algorithm, num_workers=d.num_workers,
-                           prefetch=d.prefetch)
+    return SyntheticLoader(
+        d.synthetic_seq_len,
+        d.synthetic_max_pred,
+        d.synthetic_vocab_size,
+        rows,
+        micro_batch,
+        rank,
+        world_size,
+        seed,
+        d.synthetic_histogram,
+        d.synthetic_pack,
+        pack_algorithm=d.synthetic_pack_algorithm,
+        num_workers=d.num_workers,
+        prefetch=d.prefetch,
+    )

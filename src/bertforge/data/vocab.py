@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -205,8 +205,8 @@ def train_wordpiece(
     min_frequency: int = 2,
 ) -> Tokenizer:
     """Train a BERT WordPiece vocab on text files (one sentence per line) and save it to `out_dir`."""
-    files = [Path(f) for f in files]
-    if not files:
+    paths = [Path(f) for f in files]
+    if not paths:
         raise UserError("no document files to train a vocab on; run `bertforge data docs` or `data wiki` first")
     specials = ["[PAD]"] + [f"[unused{i}]" for i in range(unused_tokens)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     if vocab_size <= len(specials) + 26:
@@ -224,7 +224,7 @@ def train_wordpiece(
         continuing_subword_prefix="##",
         show_progress=False,
     )
-    tok.train_from_iterator(iter_document_lines(files), trainer=trainer)
+    tok.train_from_iterator(iter_document_lines(paths), trainer=trainer)
     vocab = tok.get_vocab()
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",

@@ -23,17 +23,38 @@ from __future__ import annotations
 import functools
 import html
 import re
-from typing import Callable
+from collections.abc import Callable
 
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 _DROP_ELEMENTS = (
-    "ref", "references", "math", "chem", "ce", "gallery", "score", "timeline", "graph", "imagemap", "syntaxhighlight",
-    "source", "pre", "code", "hiero", "mapframe", "maplink", "templatedata", "templatestyles", "noinclude",
-    "includeonly", "table", "inputbox", "categorytree", "indicator", "section",
+    "ref",
+    "references",
+    "math",
+    "chem",
+    "ce",
+    "gallery",
+    "score",
+    "timeline",
+    "graph",
+    "imagemap",
+    "syntaxhighlight",
+    "source",
+    "pre",
+    "code",
+    "hiero",
+    "mapframe",
+    "maplink",
+    "templatedata",
+    "templatestyles",
+    "noinclude",
+    "includeonly",
+    "table",
+    "inputbox",
+    "categorytree",
+    "indicator",
+    "section",
 )
-_ELEMENT = re.compile(
-    r"<(%s)\b(?:[^>/]|/(?!>))*(?:/>|>.*?</\1\s*>)" % "|".join(_DROP_ELEMENTS),
-    re.I | re.S)
+_ELEMENT = re.compile(r"<({})\b(?:[^>/]|/(?!>))*(?:/>|>.*?</\1\s*>)".format("|".join(_DROP_ELEMENTS)), re.I | re.S)
 # innermost templates / tables / links: no opener of their own kind inside (single braces and brackets allowed)
 _INNER_TEMPLATE = re.compile(r"\{\{[^{}]*(?:(?:\{(?!\{)|\}(?!\}))[^{}]*)*\}\}")
 _INNER_TABLE = re.compile(r"\{\|[^{|]*(?:(?:\{(?!\|)|\|(?!\}))[^{|]*)*\|\}")
@@ -72,7 +93,7 @@ def drop_nested(text: str, token: re.Pattern, opener: str, closer: str) -> str:
     for m in token.finditer(text):
         if m.group() == opener:
             if depth == 0:
-                out.append(text[keep_from:m.start()])
+                out.append(text[keep_from : m.start()])
                 open_at = m.start()
             depth += 1
         elif depth:
@@ -80,10 +101,10 @@ def drop_nested(text: str, token: re.Pattern, opener: str, closer: str) -> str:
             if depth == 0:
                 keep_from = m.end()
         else:  # a closer with no opener
-            out.append(text[keep_from:m.start()])
+            out.append(text[keep_from : m.start()])
             keep_from = m.end()
     if depth:  # the outermost opener never closed: drop just it, and clean what follows it on its own
-        out.append(drop_nested(text[open_at + len(opener):], token, opener, closer))
+        out.append(drop_nested(text[open_at + len(opener) :], token, opener, closer))
     else:
         out.append(text[keep_from:])
     return "".join(out)
@@ -95,8 +116,12 @@ def _link_text(inner: str, drop_prefixes: tuple[str, ...]) -> str:
     t = target.strip().lower()
     if t.startswith(":"):  # [[:Category:X]] is a visible link, not a categorisation
         target, t = target.strip()[1:], t[1:]
-    elif (t.startswith(_ALWAYS_DROP) or _INTERLANGUAGE.match(t) or (drop_prefixes and t.startswith(drop_prefixes))
-          or _MEDIA_FILE.search(t)):
+    elif (
+        t.startswith(_ALWAYS_DROP)
+        or _INTERLANGUAGE.match(t)
+        or (drop_prefixes and t.startswith(drop_prefixes))
+        or _MEDIA_FILE.search(t)
+    ):
         return ""
     if not pipe:
         return target.strip()
@@ -109,6 +134,7 @@ def _link_text(inner: str, drop_prefixes: tuple[str, ...]) -> str:
 def _link_sub(drop_prefixes: tuple[str, ...]) -> Callable[[re.Match], str]:
     """The replacement for one innermost `[[...]]` match; plain links (no namespace, no file name: nearly all of
     them) take the short way."""
+
     def sub(m: re.Match) -> str:
         inner = m.group(1)
         if ":" not in inner:
@@ -119,6 +145,7 @@ def _link_sub(drop_prefixes: tuple[str, ...]) -> Callable[[re.Match], str]:
                 if label and not label.isspace():
                     return label
         return _link_text(inner, drop_prefixes)
+
     return sub
 
 
@@ -179,7 +206,7 @@ def clean_wikitext(wikitext: str, drop_prefixes: tuple[str, ...] = (), headings:
     if "<" in text:
         text = _TAG.sub("", _BREAK.sub(" ", text) if "<br" in text or "<BR" in text else text)
     if "''" in text:
-        text = text.replace("\'\'\'", "").replace("\'\'", "")  # bold, italic, both (5 = 3 + 2)
+        text = text.replace("'''", "").replace("''", "")  # bold, italic, both (5 = 3 + 2)
     if "__" in text:
         text = _MAGIC.sub("", text)
     if "&" in text:

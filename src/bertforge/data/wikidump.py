@@ -18,9 +18,9 @@ from __future__ import annotations
 import bz2
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from bertforge.errors import UserError
 
@@ -82,7 +82,7 @@ def parse_pages(xml: str) -> Iterator[Page]:
             j = piece.find(">", i)
             if piece[j - 1] != "/":
                 k = piece.rfind("</text>")
-                text = _unescape(piece[j + 1:k if k > j else len(piece)])
+                text = _unescape(piece[j + 1 : k if k > j else len(piece)])
         redirect = "<redirect" in piece or text[:9].lower() == "#redirect"
         yield Page(int(n.group(1)) if n else 0, _unescape(t.group(1)) if t else "", text, redirect)
 
@@ -100,7 +100,7 @@ def read_header(dump: Dump, limit: int = 1 << 24) -> bytes:
     """The dump's bytes before its first `<page>` (its `<siteinfo>`), at most `limit` of them."""
     head = b""
     try:
-        with (bz2.open(dump.path, "rb") if dump.compressed else open(dump.path, "rb")) as f:
+        with bz2.open(dump.path, "rb") if dump.compressed else open(dump.path, "rb") as f:
             while b"<page>" not in head and len(head) < limit:
                 block = f.read(1 << 16)
                 if not block:
@@ -134,14 +134,15 @@ def plain_chunks(dump: Dump, chunk_bytes: int, warn=print) -> Iterator[tuple[byt
                 if cut < 0:
                     blocks = [buf]
                     break
-                yield buf[:cut + 7], raw.tell()
-                blocks, size = [buf[cut + 7:]], len(buf) - cut - 7
+                yield buf[: cut + 7], raw.tell()
+                blocks, size = [buf[cut + 7 :]], len(buf) - cut - 7
             if not block:
                 break
         buf = b"".join(blocks)
         if b"</mediawiki>" not in buf[-64:]:
-            warn(f"  note: {dump.path} ends without </mediawiki> (cut off?): pages after the last complete one "
-                 "are lost")
+            warn(
+                f"  note: {dump.path} ends without </mediawiki> (cut off?): pages after the last complete one are lost"
+            )
         if b"</page>" in buf:
             yield buf, raw.tell()
     except (OSError, EOFError) as e:
@@ -153,7 +154,7 @@ def plain_chunks(dump: Dump, chunk_bytes: int, warn=print) -> Iterator[tuple[byt
 def _index_offsets(index: Path) -> Iterator[int]:
     """The distinct stream offsets of a multistream index (`offset:page_id:title` lines), in file order."""
     last = -1
-    with (bz2.open(index, "rb") if index.name.endswith(".bz2") else open(index, "rb")) as f:
+    with bz2.open(index, "rb") if index.name.endswith(".bz2") else open(index, "rb") as f:
         for line in f:
             head = line.split(b":", 1)[0]
             if head.strip().isdigit() and int(head) != last:

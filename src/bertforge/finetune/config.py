@@ -84,8 +84,9 @@ class FinetuneTrainConfig(TrainConfig):
         if self.eval_batch_size < 1:
             raise ConfigError(f"train.eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if self.fp8:
-            raise ConfigError("train.fp8 is a pre-training option (it has not been validated for fine-tuning); "
-                              "set train.fp8=false")
+            raise ConfigError(
+                "train.fp8 is a pre-training option (it has not been validated for fine-tuning); set train.fp8=false"
+            )
 
 
 @dataclasses.dataclass
@@ -124,16 +125,30 @@ class TaskConfig:
         if self.max_seq_len < 8:
             raise ConfigError(f"task.max_seq_len must be at least 8, got {self.max_seq_len}")
         if self.max_query_len + 4 >= self.max_seq_len:
-            raise ConfigError(f"task.max_query_len {self.max_query_len} leaves no room for context in "
-                              f"task.max_seq_len {self.max_seq_len}; lower max_query_len or raise max_seq_len")
+            raise ConfigError(
+                f"task.max_query_len {self.max_query_len} leaves no room for context in "
+                f"task.max_seq_len {self.max_seq_len}; lower max_query_len or raise max_seq_len"
+            )
         if self.doc_stride < 1 or self.n_best < 1 or self.max_answer_len < 1:
             raise ConfigError("task.doc_stride, task.n_best and task.max_answer_len must be >= 1")
 
 
 # the flat keys of configs written before the sections -> their new place
 _TASK_KEYS = ("max_seq_len", "doc_stride", "max_query_len", "n_best", "max_answer_len", "null_score_diff_threshold")
-_TRAIN_KEYS = ("epochs", "max_steps", "log_every", "micro_batch_size", "eval_batch_size", "precision", "device",
-               "group_by_length", "pad_to_max_length", "attention", "seed", "output_dir")
+_TRAIN_KEYS = (
+    "epochs",
+    "max_steps",
+    "log_every",
+    "micro_batch_size",
+    "eval_batch_size",
+    "precision",
+    "device",
+    "group_by_length",
+    "pad_to_max_length",
+    "attention",
+    "seed",
+    "output_dir",
+)
 _OPTIM_KEYS = ("lr", "warmup", "weight_decay", "max_grad_norm")
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from bertforge import device as dev
+from bertforge.data.vocab import load_tokenizer
 from bertforge.errors import UserError
 from bertforge.finetune import glue, squad
 from bertforge.finetune.config import FinetuneConfig, TaskConfig
@@ -37,16 +38,21 @@ from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as D
-from bertforge.data.vocab import load_tokenizer
-from bertforge.runtime.io import write_text
 from bertforge.runtime.activation import apply_activation_checkpointing
+from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger
 from bertforge.runtime.step import TrainStep, set_lr, train_step
 
 SQUAD_TASKS = ("squad", "squad_v2")
 ALL_TASKS = SQUAD_TASKS + tuple(glue.GLUE_TASKS)
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 @dataclasses.dataclass
@@ -90,12 +96,21 @@ def encode_glue(tokenizer, examples: glue.GlueExamples, max_seq_len: int, regres
 
 
 def encode_squad(features: squad.SquadFeatures) -> Encoded:
-    return Encoded(features.input_ids, features.token_type_ids,
-                   {"start_positions": features.start_positions, "end_positions": features.end_positions})
+    return Encoded(
+        features.input_ids,
+        features.token_type_ids,
+        {"start_positions": features.start_positions, "end_positions": features.end_positions},
+    )
 
 
-def collate(data: Encoded, rows: Sequence[int] | np.ndarray, pad_id: int, device: torch.device, targets: bool = True,
-            pad_to: int = 0) -> dict[str, torch.Tensor]:
+def collate(
+    data: Encoded,
+    rows: Sequence[int] | np.ndarray,
+    pad_id: int,
+    device: torch.device,
+    targets: bool = True,
+    pad_to: int = 0,
+) -> dict[str, torch.Tensor]:
     """A batch padded to its own longest row, or to `pad_to` if longer: input_ids/token_type_ids/attention_mask
     (B, T_batch)."""
     T = max(pad_to, *(len(data.input_ids[r]) for r in rows))
@@ -111,17 +126,22 @@ def collate(data: Encoded, rows: Sequence[int] | np.ndarray, pad_id: int, device
     return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def train_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, group_by_length: bool = False
-                  ) -> list[np.ndarray]:
+def train_batches(
+    lengths: np.ndarray, batch_size: int, rng: np.random.Generator, group_by_length: bool = False
+) -> list[np.ndarray]:
     """One epoch of training batches (row indices): a random permutation cut into batches; with
     `group_by_length`, each mega-batch of 50 batches is sorted by length before cutting and the batches are then
     shuffled (Hugging Face `LengthGroupedSampler`), so a batch pads to little more than its rows' own lengths."""
     order = rng.permutation(len(lengths))
     if group_by_length:
         mega = 50 * batch_size
-        order = np.concatenate([c[np.argsort(-lengths[c], kind="stable")]
-                                for c in (order[i:i + mega] for i in range(0, len(order), mega))])
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        order = np.concatenate(
+            [
+                c[np.argsort(-lengths[c], kind="stable")]
+                for c in (order[i : i + mega] for i in range(0, len(order), mega))
+            ]
+        )
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if group_by_length:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
@@ -130,13 +150,14 @@ def train_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator
 def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
     """Row indices sorted by length, cut into batches: evaluation pads almost nothing."""
     order = np.argsort(lengths, kind="stable")
-    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
 # ------------------------------------------------------------------------------------------- evaluation
 @torch.inference_mode()
-def predict(model, data: Encoded, batch_size: int, pad_id: int, device: torch.device, precision: str,
-            outputs: Sequence[str]) -> dict[str, list[np.ndarray]]:
+def predict(
+    model, data: Encoded, batch_size: int, pad_id: int, device: torch.device, precision: str, outputs: Sequence[str]
+) -> dict[str, list[np.ndarray]]:
     """Per-row model outputs (each trimmed to the row's length for per-token outputs), in row order."""
     model.eval()
     lengths = np.array([len(x) for x in data.input_ids])
@@ -148,11 +169,15 @@ def predict(model, data: Encoded, batch_size: int, pad_id: int, device: torch.de
         for k in outputs:
             values = getattr(out, k).float().cpu().numpy()
             for i, r in enumerate(rows):
-                result[k][r] = values[i, :lengths[r]] if values.ndim == 2 and k != "logits" else values[i]
+                result[k][r] = values[i, : lengths[r]] if values.ndim == 2 and k != "logits" else values[i]
     return result
 
 
 # ------------------------------------------------------------------------------------------- task glue
+Scorer = Callable[[dict[str, list[np.ndarray]]], dict[str, Any]]
+"""score(model outputs of an evaluation set) -> metrics; may write files (SQuAD's predictions)."""
+
+
 @dataclasses.dataclass
 class TaskData:
     """A task made uniform for the loop: training rows, evaluation sets, and how to score them."""
@@ -161,7 +186,7 @@ class TaskData:
     """Model head: qa, classification or regression."""
     num_labels: int
     train: Encoded | None
-    evals: list[tuple[str, Encoded, Callable[[dict[str, list[np.ndarray]]], dict[str, Any]]]]
+    evals: list[tuple[str, Encoded, Scorer]]
     """(name, rows, score(model outputs) -> metrics, may write files) per evaluation set."""
     outputs: tuple[str, ...]
     main_metric: str
@@ -177,9 +202,10 @@ def _squad_task(run: FinetuneRun, cfg: TaskConfig, tokenizer, out_dir: Path) -> 
         if not run.train_file:
             raise UserError(f"--task {run.task}: give --train-file (a SQuAD JSON file), or --eval-only")
         examples, _ = squad.read_squad(run.train_file)
-        train = encode_squad(squad.make_features(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride,
-                                                 cfg.max_query_len, training=True))
-    evals = []
+        train = encode_squad(
+            squad.make_features(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride, cfg.max_query_len, training=True)
+        )
+    evals: list[tuple[str, Encoded, Scorer]] = []
     for i, path in enumerate(run.dev_files):
         examples, data = squad.read_squad(path)
         feats = squad.make_features(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride, cfg.max_query_len)
@@ -187,8 +213,15 @@ def _squad_task(run: FinetuneRun, cfg: TaskConfig, tokenizer, out_dir: Path) -> 
 
         def score(out, examples=examples, data=data, feats=feats, suffix=suffix):
             preds, nbest, null_odds = squad.postprocess(
-                examples, feats, out["start_logits"], out["end_logits"], cfg.n_best, cfg.max_answer_len,
-                version_2=v2, null_score_diff_threshold=cfg.null_score_diff_threshold)
+                examples,
+                feats,
+                out["start_logits"],
+                out["end_logits"],
+                cfg.n_best,
+                cfg.max_answer_len,
+                version_2=v2,
+                null_score_diff_threshold=cfg.null_score_diff_threshold,
+            )
             squad.write_json(out_dir / f"predictions{suffix}.json", preds)
             squad.write_json(out_dir / f"nbest_predictions{suffix}.json", nbest)
             if v2:
@@ -211,22 +244,30 @@ def _glue_task(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
     else:
         if not run.eval_only:
             if not run.train_file:
-                raise UserError(f"--task {run.task}: give --train-file and --dev-file (glue_data/{spec.dir}/*.tsv), "
-                                f"--dataset glue, or --eval-only")
+                raise UserError(
+                    f"--task {run.task}: give --train-file and --dev-file (glue_data/{spec.dir}/*.tsv), "
+                    f"--dataset glue, or --eval-only"
+                )
             train_ex = glue.read_tsv(run.train_file, spec)
         dev_ex = [(Path(p).stem, glue.read_tsv(p, spec)) for p in run.dev_files]
     enc = lambda ex: encode_glue(tokenizer, ex, cfg.max_seq_len, spec.is_regression)  # noqa: E731
-    evals = []
+    evals: list[tuple[str, Encoded, Scorer]] = []
     for name, ex in dev_ex:
-        evals.append((name, enc(ex), lambda out, ex=ex: glue.evaluate(run.task, np.stack(out["logits"]), ex.labels)))
+
+        def score(out: dict[str, list[np.ndarray]], ex: glue.GlueExamples = ex) -> dict[str, Any]:
+            return glue.evaluate(run.task, np.stack(out["logits"]), ex.labels)
+
+        evals.append((name, enc(ex), score))
     head = "regression" if spec.is_regression else "classification"
-    return TaskData(head, spec.num_labels, enc(train_ex) if train_ex else None, evals, ("logits",),
-                    spec.metrics[0], spec.labels)
+    return TaskData(
+        head, spec.num_labels, enc(train_ex) if train_ex else None, evals, ("logits",), spec.metrics[0], spec.labels
+    )
 
 
 # ------------------------------------------------------------------------------------------- model I/O
-def load_model(model_dir: str, head: str, num_labels: int, attention: str = "auto",
-               config_overrides: dict[str, Any] | None = None):
+def load_model(
+    model_dir: str, head: str, num_labels: int, attention: str = "auto", config_overrides: dict[str, Any] | None = None
+):
     """The --model checkpoint with a `head` (`config_overrides`: BertConfig fields in Hugging Face names, the
     dropout rates of `FinetuneModelConfig.overrides()`)."""
     from bertforge.model import hf_interop
@@ -235,8 +276,14 @@ def load_model(model_dir: str, head: str, num_labels: int, attention: str = "aut
     if not (path / "config.json").is_file():
         raise UserError(f"--model {model_dir}: not a Hugging Face-format model directory (no config.json)")
     # a pre-trained encoder has no head for this task yet: the head starts from its fresh init
-    return hf_interop.load_pretrained(path, head, num_labels=num_labels, attention=attention, allow_missing_head=True,
-                                      config_overrides=config_overrides)
+    return hf_interop.load_pretrained(
+        path,
+        head,
+        num_labels=num_labels,
+        attention=attention,
+        allow_missing_head=True,
+        config_overrides=config_overrides,
+    )
 
 
 def save_model(model, config, src_dir: str, out: Path, head: str, label_names: Sequence[str] | None) -> None:
@@ -295,8 +342,10 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
         raise UserError(f"--model {run.model}: not a Hugging Face-format model directory (no config.json)")
     info, device = D.init_distributed(t.device)
     if t.global_batch_size % (t.micro_batch_size * info.world_size):
-        raise UserError(f"train.global_batch_size {t.global_batch_size} must be a multiple of "
-                        f"train.micro_batch_size {t.micro_batch_size} x {info.world_size} processes")
+        raise UserError(
+            f"train.global_batch_size {t.global_batch_size} must be a multiple of "
+            f"train.micro_batch_size {t.micro_batch_size} x {info.world_size} processes"
+        )
     out_dir = Path(t.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(t.seed)
@@ -305,16 +354,21 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
 
     t_setup = time.perf_counter()
     tokenizer = load_tokenizer(run.model)
-    task = (_squad_task(run, cfg.task, tokenizer, out_dir) if run.task in SQUAD_TASKS
-            else _glue_task(run, cfg.task, tokenizer))
+    task = (
+        _squad_task(run, cfg.task, tokenizer, out_dir)
+        if run.task in SQUAD_TASKS
+        else _glue_task(run, cfg.task, tokenizer)
+    )
     model, mconfig = load_model(run.model, task.head, task.num_labels, t.attention, cfg.model.overrides())
     if t.activation_checkpointing:
         apply_activation_checkpointing(model)
     model.to(device)
     logger = MetricsLogger(out_dir, is_main=info.is_main, tensorboard=t.tensorboard, stream=_Printer(say))
-    say(f"finetune {run.task} | {run.model} | {device} {precision} x{info.world_size} | "
+    say(
+        f"finetune {run.task} | {run.model} | {device} {precision} x{info.world_size} | "
         f"train {len(task.train) if task.train else 0} rows | eval {sum(len(e[1]) for e in task.evals)} rows | "
-        f"{cfg.optim.name} lr {cfg.optim.lr:g} | setup {time.perf_counter() - t_setup:.1f}s")
+        f"{cfg.optim.name} lr {cfg.optim.lr:g} | setup {time.perf_counter() - t_setup:.1f}s"
+    )
     return Session(run, cfg, info, device, precision, out_dir, say, task, model, mconfig, logger)
 
 
@@ -323,8 +377,7 @@ def build_step(s: Session) -> TrainStep:
     o = s.cfg.optim
     optimizer = build_optimizer(s.model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, s.device.type)
     wrapper = D.wrap_ddp(s.model, s.device, s.info) if s.info.distributed else None
-    return TrainStep.build(s.model, optimizer, s.device, s.precision, o.max_grad_norm, s.cfg.train.compile,
-                           ddp=wrapper)
+    return TrainStep.build(s.model, optimizer, s.device, s.precision, o.max_grad_norm, s.cfg.train.compile, ddp=wrapper)
 
 
 # ------------------------------------------------------------------------------------- evaluate, save
@@ -339,8 +392,10 @@ def evaluate(s: Session, epoch: float) -> dict[str, Any]:
     metrics["eval_s"] = time.perf_counter() - t0
     dev.release_host_memory()
     metrics["main"] = next(v for k, v in metrics.items() if k.split("/")[-1] == s.task.main_metric)
-    s.say(f"epoch {epoch:g} | " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()
-                                             if isinstance(v, float) and k != "main"))
+    s.say(
+        f"epoch {epoch:g} | "
+        + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, float) and k != "main")
+    )
     return metrics
 
 
@@ -361,22 +416,25 @@ def evaluate_and_keep(s: Session, epoch: float, step: int) -> None:
     """Rank 0 evaluates, logs and keeps the best model; the other ranks wait."""
     if s.info.is_main:
         m = {"epoch": round(epoch, 3), "step": step, **evaluate(s, epoch)}
-        s.logger.log(step, {"eval_" + k.replace("/", "_"): v for k, v in m.items()
-                            if isinstance(v, (int, float)) and k != "step"})
+        s.logger.log(
+            step,
+            {"eval_" + k.replace("/", "_"): v for k, v in m.items() if isinstance(v, (int, float)) and k != "step"},
+        )
         keep_best(s, m)
     D.barrier()
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-def micro_batches(s: Session, data: Encoded, rows: np.ndarray, pad_to: int
-                  ) -> tuple[Iterator[dict[str, torch.Tensor]], int, list[float]]:
+def micro_batches(
+    s: Session, data: Encoded, rows: np.ndarray, pad_to: int
+) -> tuple[Iterator[dict[str, torch.Tensor]], int, list[float]]:
     """This rank's share of a global batch as micro-batches (collated lazily), their count and loss weights.
 
     A micro-batch's mean loss is weighted by its share of the global batch, times the world size because DDP
     averages over ranks: a short last batch of an epoch is still a plain mean over its rows."""
     t = s.cfg.train
-    mine = rows[s.info.rank::s.info.world_size]
-    parts = [mine[i:i + t.micro_batch_size] for i in range(0, len(mine), t.micro_batch_size)]
+    mine = rows[s.info.rank :: s.info.world_size]
+    parts = [mine[i : i + t.micro_batch_size] for i in range(0, len(mine), t.micro_batch_size)]
     weights = [len(m) / len(rows) * s.info.world_size for m in parts]
     batches = (collate(data, m, s.pad_id, s.device, pad_to=pad_to) for m in parts)
     return batches, len(parts), weights
@@ -418,8 +476,17 @@ def train(s: Session) -> None:
             seqs += len(rows)
             if step % t.log_every == 0 or step == total:
                 loss = float(D.all_reduce_sum(result.loss.clone())) / s.info.world_size
-                s.logger.log(step, {"epoch": epoch, "loss": loss, "lr": lr, "grad_norm": float(result.grad_norm),
-                                    "seq_per_s": seqs / (time.perf_counter() - t0), "skipped": s.skipped})
+                s.logger.log(
+                    step,
+                    {
+                        "epoch": epoch,
+                        "loss": loss,
+                        "lr": lr,
+                        "grad_norm": float(result.grad_norm),
+                        "seq_per_s": seqs / (time.perf_counter() - t0),
+                        "skipped": s.skipped,
+                    },
+                )
             if t.eval_every and step % t.eval_every == 0:
                 t_pause = time.perf_counter()  # evaluation stays out of the training time and throughput
                 evaluate_and_keep(s, step / steps_per_epoch, step)
@@ -437,7 +504,8 @@ def _stop_nonfinite(s: Session, step_fn: TrainStep, step: int, count: int) -> No
     raise UserError(
         f"{count} non-finite gradient steps in a row at update {step} ({s.precision}"
         f"{f', loss scale {scaler.get_scale():g}' if scaler.is_enabled() else ''}); {best}. Lower optim.lr, use "
-        "train.precision=bf16 or fp32, or raise train.max_nonfinite_steps, or check the data")
+        "train.precision=bf16 or fp32, or raise train.max_nonfinite_steps, or check the data"
+    )
 
 
 def finish(s: Session) -> dict[str, Any]:
@@ -445,9 +513,18 @@ def finish(s: Session) -> dict[str, Any]:
     best, history = s.best, s.history
     if s.info.distributed:
         best, history = D.broadcast_object((best, history))
-    summary = {"task": s.run.task, "model": s.run.model, "device": str(s.device), "precision": s.precision,
-               "world_size": s.info.world_size, "best": best, "history": history, "train_s": s.train_s,
-               "skipped_steps": s.skipped, "config": dataclasses.asdict(s.cfg)}
+    summary = {
+        "task": s.run.task,
+        "model": s.run.model,
+        "device": str(s.device),
+        "precision": s.precision,
+        "world_size": s.info.world_size,
+        "best": best,
+        "history": history,
+        "train_s": s.train_s,
+        "skipped_steps": s.skipped,
+        "config": dataclasses.asdict(s.cfg),
+    }
     s.logger.finish(summary, plot=s.cfg.train.plot)
     return summary
 

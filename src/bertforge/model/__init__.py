@@ -4,5 +4,4 @@ from bertforge.model.bert import BertEncoderModel, BertForTask, build_model
 from bertforge.model.config import MODEL_PRESETS, BertConfig
 from bertforge.model.heads import TASK_HEADS, ModelOutput
 
-__all__ = ["BertConfig", "BertEncoderModel", "BertForTask", "MODEL_PRESETS", "ModelOutput", "TASK_HEADS",
-           "build_model"]
+__all__ = ["BertConfig", "BertEncoderModel", "BertForTask", "MODEL_PRESETS", "ModelOutput", "TASK_HEADS", "build_model"]

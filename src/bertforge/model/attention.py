@@ -37,7 +37,7 @@ ATTENTION_IMPLS = ("auto", "sdpa", "varlen", "eager")
 def flash_varlen_kernel():
     """The installed varlen flash-attention function, or None (flash-attn package first, then torch's own)."""
     try:
-        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+        from flash_attn import flash_attn_varlen_func
 
         return "flash_attn", flash_attn_varlen_func
     except ImportError:

@@ -209,6 +209,9 @@ class BertForTask(nn.Module):
     """The encoder (`bert`) plus the head of one task from `TASK_HEADS`, registered under the head's Hugging
     Face name (`cls`, `qa_outputs` or `classifier`); `forward` returns a `ModelOutput`."""
 
+    hf_load_info: dict[str, list[str]]
+    """Set by `hf_interop.load_hf_state_dict`: checkpoint keys `ignored` and head weights `initialised` fresh."""
+
     def __init__(self, config: BertConfig, task: str, num_labels: int = 2, attention: str = "auto"):
         super().__init__()
         if task not in TASK_HEADS:
@@ -228,16 +231,36 @@ class BertForTask(nn.Module):
     def head(self) -> nn.Module:
         return getattr(self, TASK_HEADS[self.task].name)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, *,
-                masked_positions=None, masked_labels=None, nsp_positions=None, nsp_labels=None,
-                labels=None, start_positions=None, end_positions=None) -> ModelOutput:
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        *,
+        masked_positions=None,
+        masked_labels=None,
+        nsp_positions=None,
+        nsp_labels=None,
+        labels=None,
+        start_positions=None,
+        end_positions=None,
+    ) -> ModelOutput:
         seq = self.bert(input_ids, attention_mask, token_type_ids, position_ids)  # (B, T, H)
-        batch = {"masked_positions": masked_positions, "masked_labels": masked_labels,
-                 "nsp_positions": nsp_positions, "nsp_labels": nsp_labels, "labels": labels,
-                 "start_positions": start_positions, "end_positions": end_positions}
+        batch = {
+            "masked_positions": masked_positions,
+            "masked_labels": masked_labels,
+            "nsp_positions": nsp_positions,
+            "nsp_labels": nsp_labels,
+            "labels": labels,
+            "start_positions": start_positions,
+            "end_positions": end_positions,
+        }
         # the encoder's pieces a head shares: they keep their one name here and are passed, not registered twice
-        shared = {"decoder_weight": self.bert.embeddings.word_embeddings.weight,  # (V, H), the tied MLM decoder
-                  "pooler": self.bert.pooler}
+        shared = {
+            "decoder_weight": self.bert.embeddings.word_embeddings.weight,  # (V, H), the tied MLM decoder
+            "pooler": self.bert.pooler,
+        }
         out = self.head(seq, batch, **{k: shared[k] for k in TASK_HEADS[self.task].inputs})
         out.last_hidden_state = seq
         return out

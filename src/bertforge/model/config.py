@@ -73,7 +73,7 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "BertConfig":
+    def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
         if name not in MODEL_PRESETS:
             raise ConfigError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
         size = MODEL_PRESETS[name]

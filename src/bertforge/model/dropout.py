@@ -31,8 +31,9 @@ def fast_dropout_usable(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu"
-              ) -> tuple[torch.Tensor, float]:
+def keep_mask(
+    shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, float]:
     """(bool mask of `shape`, True = keep; the scale 1/q) drawn from torch's default generator."""
     n = math.prod(shape)
     # random_(from=-2**63, to=None) fills all 64 bits; each int64 is four uniform int16s

@@ -18,13 +18,13 @@ from __future__ import annotations
 from bertforge.model.config import BertConfig
 
 
-def encoder_flops(config: BertConfig, seq_len: int) -> float:
+def encoder_flops(config: BertConfig, seq_len: float) -> float:
     T, H, I = seq_len, config.hidden_size, config.intermediate_size
     per_layer = 2 * T * H * 3 * H + 2 * 2 * T * T * H + 2 * T * H * H + 2 * 2 * T * H * I
     return float(config.num_hidden_layers * per_layer)
 
 
-def head_flops(config: BertConfig, seq_len: int, masked_per_seq: float, task: str, num_labels: int = 2) -> float:
+def head_flops(config: BertConfig, seq_len: float, masked_per_seq: float, task: str, num_labels: int = 2) -> float:
     H, V, T = config.hidden_size, config.vocab_size, seq_len
     mlm = masked_per_seq * (2 * H * H + 2 * H * V)
     nsp = 2 * H * H + 2 * H * 2
@@ -41,8 +41,14 @@ def head_flops(config: BertConfig, seq_len: int, masked_per_seq: float, task: st
     return float(table[task])
 
 
-def flops_per_sequence(config: BertConfig, seq_len: int, masked_per_seq: float = 0, task: str = "pretraining",
-                       training: bool = True, num_labels: int = 2) -> float:
+def flops_per_sequence(
+    config: BertConfig,
+    seq_len: float,
+    masked_per_seq: float = 0,
+    task: str = "pretraining",
+    training: bool = True,
+    num_labels: int = 2,
+) -> float:
     """Matmul FLOPs for one sequence of `seq_len` tokens (training: forward + backward = 3x forward)."""
     fwd = encoder_flops(config, seq_len) + head_flops(config, seq_len, masked_per_seq, task, num_labels)
     return 3.0 * fwd if training else fwd

@@ -18,8 +18,9 @@ empty slot. Without `masked_positions` the same module runs densely over every t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -63,14 +64,21 @@ class ModelOutput:
 Batch = dict[str, Any]
 
 
+class _Transform(nn.Module):
+    """`transform.dense` and `transform.LayerNorm` of the MLM head (the activation between them has no weights)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+
 class PredictionHead(nn.Module):
     """transform (dense, act, LayerNorm) then the decoder tied to the word embeddings, plus an output bias."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.transform = nn.Module()
-        self.transform.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.transform.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.transform = _Transform(config)
         self.act = ACTIVATIONS[config.hidden_act]
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
@@ -90,8 +98,9 @@ class PreTrainingHeads(nn.Module):
         if nsp:
             self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
-    def forward(self, seq: torch.Tensor, batch: Batch, *, decoder_weight: torch.Tensor,
-                pooler: nn.Module | None = None) -> ModelOutput:
+    def forward(
+        self, seq: torch.Tensor, batch: Batch, *, decoder_weight: torch.Tensor, pooler: nn.Module | None = None
+    ) -> ModelOutput:
         out = self._mlm(seq, batch["masked_positions"], batch["masked_labels"], batch["labels"], decoder_weight)
         if not self.nsp:
             return ModelOutput(loss=out.get("mlm_loss"), **out)
@@ -106,8 +115,9 @@ class PreTrainingHeads(nn.Module):
             out: dict[str, torch.Tensor] = {"mlm_logits": logits}
             if labels is not None:
                 valid = labels != -100
-                out["mlm_loss"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                                                  ignore_index=-100)
+                out["mlm_loss"] = F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100
+                )
                 out["mlm_count"] = valid.sum()
                 out["mlm_correct"] = ((logits.argmax(-1) == labels) & valid).sum()
             return out
@@ -141,8 +151,11 @@ def _slot_scores(name: str, logits, target, valid, ignore_index: int) -> dict[st
     count = valid.sum()
     # sum / count (not mean) so a batch with no real slot gives 0, not NaN
     ce = F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="sum")
-    return {f"{name}_loss": ce / count.clamp(min=1), f"{name}_count": count,
-            f"{name}_correct": ((logits.argmax(-1) == target) & valid).sum()}
+    return {
+        f"{name}_loss": ce / count.clamp(min=1),
+        f"{name}_count": count,
+        f"{name}_correct": ((logits.argmax(-1) == target) & valid).sum(),
+    }
 
 
 class SpanHead(nn.Linear):
@@ -151,15 +164,18 @@ class SpanHead(nn.Linear):
     def __init__(self, config: BertConfig):
         super().__init__(config.hidden_size, 2)
 
-    def forward(self, seq: torch.Tensor, batch: Batch) -> ModelOutput:
+    # the head is the bare Linear Hugging Face names `qa_outputs` (its weight/bias keys and BERT's Linear init
+    # apply to it) and takes the head interface as its forward: a deliberate break of Linear.forward's signature
+    def forward(self, seq: torch.Tensor, batch: Batch) -> ModelOutput:  # type: ignore[override]
         start, end = super().forward(seq).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
         loss = None
         if batch["start_positions"] is not None and batch["end_positions"] is not None:
             # as Hugging Face: positions outside the window are clamped to T and ignored
             T = seq.shape[1]
             sp, ep = batch["start_positions"].clamp(0, T), batch["end_positions"].clamp(0, T)
-            loss = (F.cross_entropy(start.float(), sp, ignore_index=T)
-                    + F.cross_entropy(end.float(), ep, ignore_index=T)) / 2
+            loss = (
+                F.cross_entropy(start.float(), sp, ignore_index=T) + F.cross_entropy(end.float(), ep, ignore_index=T)
+            ) / 2
         return ModelOutput(loss=loss, start_logits=start, end_logits=end)
 
 
@@ -184,8 +200,16 @@ class Classifier(nn.Linear):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.loss_fn, self.pooled = loss_fn, pooled
 
-    def forward(self, seq: torch.Tensor, batch: Batch, *, pooler: nn.Module | None = None) -> ModelOutput:
-        x = pooler(seq[:, 0]) if self.pooled else seq  # (B, H) from [CLS], or (B, T, H)
+    # as SpanHead: the Linear Hugging Face names `classifier`, with the head interface as its forward
+    def forward(  # type: ignore[override]
+        self, seq: torch.Tensor, batch: Batch, *, pooler: nn.Module | None = None
+    ) -> ModelOutput:
+        if not self.pooled:
+            x = seq  # (B, T, H)
+        elif pooler is None:
+            raise ValueError("a pooled classifier needs the encoder's pooler (TaskHead.inputs names it)")
+        else:
+            x = pooler(seq[:, 0])  # (B, H) from [CLS]
         logits = super().forward(self.dropout(x))  # (B, L) or (B, T, L)
         loss = None if batch["labels"] is None else self.loss_fn(logits, batch["labels"])
         return ModelOutput(loss=loss, logits=logits)
@@ -214,16 +238,35 @@ class TaskHead:
 
 
 TASK_HEADS: dict[str, TaskHead] = {
-    "pretraining": TaskHead("cls", lambda c, n: PreTrainingHeads(c, nsp=True), ("decoder_weight", "pooler"),
-                            "BertForPreTraining", None),
-    "mlm": TaskHead("cls", lambda c, n: PreTrainingHeads(c, nsp=False), ("decoder_weight",),
-                    "BertForMaskedLM", "RobertaForMaskedLM"),
-    "qa": TaskHead("qa_outputs", lambda c, n: SpanHead(c), (),
-                   "BertForQuestionAnswering", "RobertaForQuestionAnswering"),
-    "classification": TaskHead("classifier", lambda c, n: Classifier(c, n, _class_loss, pooled=True), ("pooler",),
-                               "BertForSequenceClassification", "RobertaForSequenceClassification"),
-    "regression": TaskHead("classifier", lambda c, n: Classifier(c, 1, _regression_loss, pooled=True), ("pooler",),
-                           "BertForSequenceClassification", "RobertaForSequenceClassification", fixed_labels=1),
-    "token_classification": TaskHead("classifier", lambda c, n: Classifier(c, n, _token_loss, pooled=False), (),
-                                     "BertForTokenClassification", "RobertaForTokenClassification"),
+    "pretraining": TaskHead(
+        "cls", lambda c, n: PreTrainingHeads(c, nsp=True), ("decoder_weight", "pooler"), "BertForPreTraining", None
+    ),
+    "mlm": TaskHead(
+        "cls", lambda c, n: PreTrainingHeads(c, nsp=False), ("decoder_weight",), "BertForMaskedLM", "RobertaForMaskedLM"
+    ),
+    "qa": TaskHead(
+        "qa_outputs", lambda c, n: SpanHead(c), (), "BertForQuestionAnswering", "RobertaForQuestionAnswering"
+    ),
+    "classification": TaskHead(
+        "classifier",
+        lambda c, n: Classifier(c, n, _class_loss, pooled=True),
+        ("pooler",),
+        "BertForSequenceClassification",
+        "RobertaForSequenceClassification",
+    ),
+    "regression": TaskHead(
+        "classifier",
+        lambda c, n: Classifier(c, 1, _regression_loss, pooled=True),
+        ("pooler",),
+        "BertForSequenceClassification",
+        "RobertaForSequenceClassification",
+        fixed_labels=1,
+    ),
+    "token_classification": TaskHead(
+        "classifier",
+        lambda c, n: Classifier(c, n, _token_loss, pooled=False),
+        (),
+        "BertForTokenClassification",
+        "RobertaForTokenClassification",
+    ),
 }

@@ -24,18 +24,18 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import atomic_dir
 from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.bert import BertForTask, build_model
 from bertforge.model.config import BertConfig
 from bertforge.model.heads import TASK_HEADS
+from bertforge.runtime import distributed as ddp
+from bertforge.runtime.io import atomic_dir
 
 _SEQ = ("classification", "regression")
 
@@ -84,8 +84,9 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConf
     if model_type not in ("bert", "roberta"):
         raise UserError(f"{source}: model_type {model_type!r} is not supported; bertforge loads bert and roberta")
     if raw.get("position_embedding_type", "absolute") != "absolute":
-        raise UserError(f"{source}: position_embedding_type {raw['position_embedding_type']!r} is not supported "
-                        "(only absolute)")
+        raise UserError(
+            f"{source}: position_embedding_type {raw['position_embedding_type']!r} is not supported (only absolute)"
+        )
     if raw.get("hidden_act", "gelu") not in ACTIVATIONS:
         raise UserError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported; one of {', '.join(ACTIVATIONS)}")
     fields = BertConfig.__dataclass_fields__
@@ -100,8 +101,12 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConf
 def config_to_hf(config: BertConfig, task: str, num_labels: int) -> dict[str, Any]:
     spec = TASK_HEADS[task]
     arch = spec.hf_roberta if config.model_type == "roberta" else spec.hf_bert
-    out: dict[str, Any] = {"architectures": [arch], **config.to_dict(), "tie_word_embeddings": True,
-                           "position_embedding_type": "absolute"}
+    out: dict[str, Any] = {
+        "architectures": [arch],
+        **config.to_dict(),
+        "tie_word_embeddings": True,
+        "position_embedding_type": "absolute",
+    }
     if config.model_type == "roberta":
         out.update(bos_token_id=0, eos_token_id=2)
     if task in ("classification", "regression", "token_classification"):
@@ -168,21 +173,27 @@ def hf_to_ours(key: str, model_type: str, task: str) -> str | None:
         key = f"{m[1]}qkv.{m[3]}"
     for ours, hf, tasks in NAME_MAP[model_type]:
         if (tasks is None or task in tasks) and key.startswith(hf):
-            return ours + key[len(hf):]
+            return ours + key[len(hf) :]
     return None
 
 
 def ours_to_hf(key: str, model_type: str, task: str) -> str:
     for ours, hf, tasks in NAME_MAP[model_type]:
         if (tasks is None or task in tasks) and key.startswith(ours):
-            return hf + key[len(ours):]
+            return hf + key[len(ours) :]
     raise UserError(f"parameter {key!r} has no Hugging Face name for a {model_type} {task} model")
 
 
 # ------------------------------------------------------------------------------------------- loading
-def load_pretrained(path: str | os.PathLike, task: str, num_labels: int = 2, attention: str = "auto", *,
-                    allow_missing_head: bool = False, config_overrides: dict[str, Any] | None = None
-                    ) -> tuple[BertForTask, BertConfig]:
+def load_pretrained(
+    path: str | os.PathLike,
+    task: str,
+    num_labels: int = 2,
+    attention: str = "auto",
+    *,
+    allow_missing_head: bool = False,
+    config_overrides: dict[str, Any] | None = None,
+) -> tuple[BertForTask, BertConfig]:
     """Build `task`'s model from a Hugging Face-format directory (config.json + weights).
 
     `allow_missing_head`: heads (and the pooler) absent from the checkpoint keep their fresh init (fine-tuning
@@ -207,8 +218,9 @@ def load_pretrained(path: str | os.PathLike, task: str, num_labels: int = 2, att
         if rows > config.vocab_size and rows % 8 == 0 and rows - config.vocab_size < 8:
             config = BertConfig(**{**config.to_dict(), "vocab_size": rows})
         else:
-            raise UserError(f"{wfile}: word embeddings have {rows} rows but config.json says vocab_size "
-                            f"{config.vocab_size}")
+            raise UserError(
+                f"{wfile}: word embeddings have {rows} rows but config.json says vocab_size {config.vocab_size}"
+            )
     model = build_model(config, task, num_labels, attention)
     load_hf_state_dict(model, sd, allow_missing_head=allow_missing_head, source=str(wfile))
     return model, config
@@ -219,8 +231,9 @@ def _word_rows(sd, model_type, source) -> int | None:
     return sd[key].shape[0] if key in sd else None
 
 
-def load_hf_state_dict(model: BertForTask, sd: dict[str, torch.Tensor], allow_missing_head: bool = False,
-                       source: str = "checkpoint") -> None:
+def load_hf_state_dict(
+    model: BertForTask, sd: dict[str, torch.Tensor], allow_missing_head: bool = False, source: str = "checkpoint"
+) -> None:
     """Copy a normalised Hugging Face state dict into `model` following NAME_MAP (rules in the module doc)."""
     mt, task = model.config.model_type, model.task
     ours = model.state_dict()
@@ -229,7 +242,7 @@ def load_hf_state_dict(model: BertForTask, sd: dict[str, torch.Tensor], allow_mi
     ignored, tied = [], {}
     for key, value in sd.items():
         if key.startswith(TIED_DECODER[mt]):
-            tied[key[len(TIED_DECODER[mt]):]] = value
+            tied[key[len(TIED_DECODER[mt]) :]] = value
             continue
         if BUFFERS.search(key):
             ignored.append(key)
@@ -253,22 +266,30 @@ def load_hf_state_dict(model: BertForTask, sd: dict[str, torch.Tensor], allow_mi
         loaded[name] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)  # (3H, H) / (3H,)
     word = loaded.get("bert.embeddings.word_embeddings.weight")
     if "weight" in tied and word is not None and not torch.equal(tied["weight"], word):
-        raise UserError(f"{source}: the MLM decoder weight differs from the word embeddings; bertforge ties "
-                        "them (as BERT does) and cannot load an untied decoder")
+        raise UserError(
+            f"{source}: the MLM decoder weight differs from the word embeddings; bertforge ties "
+            "them (as BERT does) and cannot load an untied decoder"
+        )
     if "bias" in tied and "cls.predictions.bias" in ours and "cls.predictions.bias" not in loaded:
         loaded["cls.predictions.bias"] = tied["bias"]
     for name, value in loaded.items():
         if tuple(value.shape) != tuple(ours[name].shape):
-            raise UserError(f"{source}: {name} has shape {tuple(value.shape)}, the model expects "
-                            f"{tuple(ours[name].shape)} (check config.json / num_labels)")
+            raise UserError(
+                f"{source}: {name} has shape {tuple(value.shape)}, the model expects "
+                f"{tuple(ours[name].shape)} (check config.json / num_labels)"
+            )
     missing = [k for k in ours if k not in loaded]
     enc_missing = [k for k in missing if k.startswith(_ENCODER)]
     if enc_missing:
-        raise UserError(f"{source}: encoder weight(s) missing from the checkpoint: {', '.join(enc_missing[:5])}"
-                        + (" ..." if len(enc_missing) > 5 else ""))
+        raise UserError(
+            f"{source}: encoder weight(s) missing from the checkpoint: {', '.join(enc_missing[:5])}"
+            + (" ..." if len(enc_missing) > 5 else "")
+        )
     if missing and not allow_missing_head:
-        raise UserError(f"{source}: head weight(s) missing for task {task}: {', '.join(missing)}; pass "
-                        "allow_missing_head=True to start them from a fresh init (fine-tuning)")
+        raise UserError(
+            f"{source}: head weight(s) missing for task {task}: {', '.join(missing)}; pass "
+            "allow_missing_head=True to start them from a fresh init (fine-tuning)"
+        )
     with torch.no_grad():
         for name, value in loaded.items():
             ours[name].copy_(value.to(ours[name].dtype))
@@ -292,12 +313,15 @@ def hf_state_dict(model: BertForTask) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_pretrained(model: BertForTask, config: BertConfig, path: str | os.PathLike, task: str | None = None) -> Path:
+def save_pretrained(
+    model: torch.nn.Module, config: BertConfig, path: str | os.PathLike, task: str | None = None
+) -> Path:
     """Write config.json + model.safetensors that `transformers` Auto classes load; atomic (temp dir + rename)."""
     from safetensors.torch import save_file
 
-    while hasattr(model, "_orig_mod") or hasattr(model, "module"):  # torch.compile / DDP wrappers
-        model = getattr(model, "_orig_mod", None) or model.module
+    model = ddp.unwrap(model)  # the plain model under torch.compile / DDP wrappers
+    if not isinstance(model, BertForTask):
+        raise UserError(f"save_pretrained: {type(model).__name__} is not a bertforge model (BertForTask)")
     task = task or model.task
     if task != model.task:
         raise UserError(f"save_pretrained: the model was built for task {model.task!r}, not {task!r}")
@@ -308,6 +332,7 @@ def save_pretrained(model: BertForTask, config: BertConfig, path: str | os.PathL
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(path) as tmp:  # an older save is swapped out only once this one is complete
         save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(config_to_hf(config, task, model.num_labels), indent=2) + "\n",
-                                         encoding="utf-8")
+        (tmp / "config.json").write_text(
+            json.dumps(config_to_hf(config, task, model.num_labels), indent=2) + "\n", encoding="utf-8"
+        )
     return path

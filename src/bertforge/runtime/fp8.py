@@ -53,8 +53,7 @@ def revert(model: nn.Module) -> int:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Float8Linear):
-                plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
-                                  device="meta")
+                plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
                 plain.weight, plain.bias = child.weight, child.bias
                 setattr(parent, name, plain)
                 n += 1

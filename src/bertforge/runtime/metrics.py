@@ -19,7 +19,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from bertforge.runtime.io import atomic_path, write_text
 
@@ -87,6 +87,15 @@ def _clean(v: Any) -> Any:
     return v
 
 
+class TextSink(Protocol):
+    """What the console line needs of a stream (`print(..., file=stream, flush=True)`): a text file such as
+    sys.stdout, or a forwarder to a log function."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
+
+
 class MetricsLogger:
     """Writes one record per logged step to every sink; does nothing on ranks other than 0."""
 
@@ -97,13 +106,13 @@ class MetricsLogger:
         total_steps: int | None = None,
         json_summary: str | Path | None = None,
         tensorboard: bool = True,
-        stream: TextIO | None = None,
+        stream: TextSink | None = None,
         resume: bool = False,
     ):
         self.dir = Path(output_dir)
         self.is_main = is_main
         self.total_steps = total_steps
-        self.stream = stream or sys.stdout
+        self.stream: TextSink = stream or sys.stdout
         self.t0 = time.perf_counter()
         self._first: tuple[int, float] | None = None
         self._tb = None

@@ -27,11 +27,13 @@ Without pynvml, without an NVIDIA GPU, or when NVML fails to start it is disable
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -92,8 +94,16 @@ class StepProfiler:
 
     Call `step()` once after every training step; `done` turns True when the trace is written."""
 
-    def __init__(self, out_dir: str | os.PathLike, steps: int = 10, device: torch.device | str = "cpu",
-                 warmup: int = 1, top: int = 15, record_shapes: bool = False, name: str = TRACE_NAME):
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        steps: int = 10,
+        device: torch.device | str = "cpu",
+        warmup: int = 1,
+        top: int = 15,
+        record_shapes: bool = False,
+        name: str = TRACE_NAME,
+    ):
         if steps < 1 or warmup < 0:
             raise ValueError(f"profile steps must be >= 1 and warmup >= 0, got steps={steps} warmup={warmup}")
         self.out_dir, self.steps, self.warmup, self.top = Path(out_dir), steps, warmup, top
@@ -104,11 +114,13 @@ class StepProfiler:
         self.top_rows: list[dict[str, Any]] = []
         self.done = False
         self._prof = torch.profiler.profile(
-            activities=_activities(self.device), record_shapes=record_shapes,
+            activities=_activities(self.device),
+            record_shapes=record_shapes,
             schedule=torch.profiler.schedule(wait=0, warmup=warmup, active=steps, repeat=1),
-            on_trace_ready=self._write)
+            on_trace_ready=self._write,
+        )
 
-    def __enter__(self) -> "StepProfiler":
+    def __enter__(self) -> StepProfiler:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._prof.__enter__()
         return self
@@ -128,8 +140,9 @@ class StepProfiler:
             prof.export_chrome_trace(str(tmp))
         self.top_rows = top_ops(prof.key_averages(), self.on_device, self.top)
         what = "kernels by self device time" if self.on_device else "ops by self CPU time"
-        self.table = format_table(self.top_rows, f"top {len(self.top_rows)} {what} over {self.steps} steps "
-                                                 f"({self.trace_path})")
+        self.table = format_table(
+            self.top_rows, f"top {len(self.top_rows)} {what} over {self.steps} steps ({self.trace_path})"
+        )
         write_text(self.out_dir / "top_ops.txt", self.table + "\n")
         self.done = True
 
@@ -137,8 +150,14 @@ class StepProfiler:
         return {"trace": str(self.trace_path), "steps": self.steps, "table": self.table, "top": self.top_rows}
 
 
-def profile_steps(step_fn: Callable[[], Any], n: int, out_dir: str | os.PathLike,
-                  device: torch.device | str = "cpu", warmup: int = 1, top: int = 15) -> dict[str, Any]:
+def profile_steps(
+    step_fn: Callable[[], Any],
+    n: int,
+    out_dir: str | os.PathLike,
+    device: torch.device | str = "cpu",
+    warmup: int = 1,
+    top: int = 15,
+) -> dict[str, Any]:
     """Run `step_fn` warmup + n times under `StepProfiler`; returns its summary (trace path, table, top ops)."""
     from bertforge import device as dev
 
@@ -188,9 +207,10 @@ class PowerSampler:
         self._last: tuple[float, float] | None = None  # (time, watts) of the latest sample
         if self.device.type != "cuda":
             return  # no NVIDIA GPU: a no-op, pynvml is not even imported
-        self._nvml = nvml if nvml is not None else _load_nvml()
-        if self._nvml is None:
+        loaded = nvml if nvml is not None else _load_nvml()
+        if loaded is None:
             return
+        self._nvml: Any = loaded  # the pynvml module (untyped) or a test's fake
         try:
             self._nvml.nvmlInit()
             self._handle = _nvml_handle(self._nvml, self.device.index or 0)
@@ -227,9 +247,12 @@ class PowerSampler:
         nv, h = self._nvml, self._handle
         now = time.monotonic() if now is None else now
         watts = nv.nvmlDeviceGetPowerUsage(h) / 1000.0  # milliwatts
-        values = (watts, float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-                  float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                  nv.nvmlDeviceGetMemoryInfo(h).used / 1e9)
+        values = (
+            watts,
+            float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            nv.nvmlDeviceGetMemoryInfo(h).used / 1e9,
+        )
         with self._lock:
             if self._last is not None:  # trapezoid rule between consecutive samples
                 self._joules += 0.5 * (self._last[1] + watts) * (now - self._last[0])
@@ -256,8 +279,14 @@ class PowerSampler:
                 # NVML's power reading is a ~1 s moving average that lags load changes (an H100 ramping up
                 # read 592 W on average while its counter gave 736 W over the same 3 s): energy / time
                 watts = joules / seconds if seconds > 0 else watts
-        out = {"watts": watts, "sm_clock_mhz": sums[1] / n, "temp_c": sums[2] / n,
-               "mem_used_gb": sums[3] / n, "joules": joules, "power_seconds": seconds}
+        out = {
+            "watts": watts,
+            "sm_clock_mhz": sums[1] / n,
+            "temp_c": sums[2] / n,
+            "mem_used_gb": sums[3] / n,
+            "joules": joules,
+            "power_seconds": seconds,
+        }
         if sequences:
             out["joules_per_seq"] = joules / sequences
         return out
@@ -270,12 +299,10 @@ class PowerSampler:
             self._thread = None
         if self.enabled:
             self.enabled = False
-            try:
+            with contextlib.suppress(Exception):  # shutting down after a failed NVML call must not raise
                 self._nvml.nvmlShutdown()
-            except Exception:
-                pass
 
-    def __enter__(self) -> "PowerSampler":
+    def __enter__(self) -> PowerSampler:
         return self
 
     def __exit__(self, *exc: Any) -> None:

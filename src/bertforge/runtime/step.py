@@ -19,8 +19,9 @@ slots) give one graph; "reduce-overhead" adds CUDA graphs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -49,18 +50,35 @@ class TrainStep:
     params: list[torch.nn.Parameter] = field(default_factory=list)
 
     @classmethod
-    def build(cls, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, precision: str,
-              max_grad_norm: float = 1.0, compile: bool | str = False,
-              ddp: torch.nn.Module | None = None, scaler: Any = None) -> TrainStep:
+    def build(
+        cls,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        precision: str,
+        max_grad_norm: float = 1.0,
+        compile: bool | str = False,
+        ddp: torch.nn.Module | None = None,
+        scaler: Any = None,
+    ) -> TrainStep:
         """`model` is the bare module; `ddp` its DistributedDataParallel wrapper when distributed; `compile` True
         (inductor's default mode) or a torch.compile mode name ("reduce-overhead", "max-autotune"); `scaler` a
         (restored) grad scaler, else a fresh one for the precision."""
         runner = ddp if ddp is not None else model
         if compile:
-            runner = torch.compile(runner, mode=compile if isinstance(compile, str) else None)
+            # compiling a Module returns an OptimizedModule, a Module; torch types it as a plain callable
+            runner = cast(torch.nn.Module, torch.compile(runner, mode=compile if isinstance(compile, str) else None))
         scaler = scaler if scaler is not None else dev.grad_scaler(device, precision)
-        return cls(runner, optimizer, scaler, device, precision, max_grad_norm,
-                   sync_owner=ddp if ddp is not None else model, params=[p for p in model.parameters() if p.requires_grad])
+        return cls(
+            runner,
+            optimizer,
+            scaler,
+            device,
+            precision,
+            max_grad_norm,
+            sync_owner=ddp if ddp is not None else model,
+            params=[p for p in model.parameters() if p.requires_grad],
+        )
 
 
 @dataclass
@@ -83,9 +101,13 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr
 
 
-def train_step(step: TrainStep, micro_batches: Iterable[Batch], accum: int,
-               observe: Callable[[Any, Batch], None] | None = None,
-               weights: Sequence[float] | None = None) -> StepResult:
+def train_step(
+    step: TrainStep,
+    micro_batches: Iterable[Batch],
+    accum: int,
+    observe: Callable[[Any, Batch], None] | None = None,
+    weights: Sequence[float] | None = None,
+) -> StepResult:
     """One optimizer update over `accum` micro-batches (see the module docstring). `observe(output, batch)` sees
     each micro-batch's model output and device batch (the loop's metric sums); it must not sync the host.
     `weights`: each micro-batch's loss weight (default 1/accum each; fine-tuning weights a short last micro-batch

@@ -18,12 +18,17 @@ def export_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="Hugging Face-format model directory (config.json + weights)")
     p.add_argument("--format", required=True, choices=("hf", "onnx"), help="output format")
     p.add_argument("--out", required=True, help="output directory (written atomically)")
-    p.add_argument("--task", default=None,
-                   help="head to export: qa | classify | fill-mask (or a model head name); default: config.json's "
-                        "architectures")
-    p.add_argument("--init-head", action="store_true",
-                   help="allow the head to be missing from the checkpoint and start it from a fresh, seeded init "
-                        "(a pre-trained encoder; for smoke tests and serving benchmarks)")
+    p.add_argument(
+        "--task",
+        default=None,
+        help="head to export: qa | classify | fill-mask (or a model head name); default: config.json's architectures",
+    )
+    p.add_argument(
+        "--init-head",
+        action="store_true",
+        help="allow the head to be missing from the checkpoint and start it from a fresh, seeded init "
+        "(a pre-trained encoder; for smoke tests and serving benchmarks)",
+    )
     p.add_argument("--num-labels", type=int, default=None, help="labels of a fresh classification head")
     p.add_argument("--seed", type=int, default=0, help="seed of a fresh head")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset")
@@ -34,14 +39,22 @@ def export_run(args: argparse.Namespace) -> int:
     from bertforge.serve import export
 
     if args.format == "hf":
-        out = export.export_hf(args.model, args.out, args.task, init_head=args.init_head,
-                               num_labels=args.num_labels, seed=args.seed)
+        out = export.export_hf(
+            args.model, args.out, args.task, init_head=args.init_head, num_labels=args.num_labels, seed=args.seed
+        )
         print(f"wrote {out} (Hugging Face format)")
     else:
         if args.num_labels is not None:
             raise UserError("--num-labels applies to --format hf; export the HF directory first, then ONNX")
-        res = export.export_onnx(args.model, args.out, args.task, opset=args.opset, tolerance=args.tolerance,
-                                 init_head=args.init_head, seed=args.seed)
+        res = export.export_onnx(
+            args.model,
+            args.out,
+            args.task,
+            opset=args.opset,
+            tolerance=args.tolerance,
+            init_head=args.init_head,
+            seed=args.seed,
+        )
         print(f"wrote {res['path']} (head {res['head']}; onnxruntime vs PyTorch max |diff| {res['max_abs_diff']:.2g})")
     return 0
 
@@ -52,40 +65,80 @@ def serve_add(p: argparse.ArgumentParser) -> None:
     from bertforge.serve.tasks import Limits
 
     sc, lim = ServeConfig(), Limits()
-    p.add_argument("--model", action="append", required=True,
-                   help="model directory; repeat --model/--task pairs to serve several tasks from one server")
-    p.add_argument("--task", action="append", required=True, choices=SERVE_TASKS,
-                   help="task of the --model at the same position (Triton model names: qa, classify, fill_mask)")
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="model directory; repeat --model/--task pairs to serve several tasks from one server",
+    )
+    p.add_argument(
+        "--task",
+        action="append",
+        required=True,
+        choices=SERVE_TASKS,
+        help="task of the --model at the same position (Triton model names: qa, classify, fill_mask)",
+    )
     p.add_argument("--host", default=sc.host, help="address to bind (loopback unless told otherwise)")
     p.add_argument("--http-port", type=int, default=sc.http_port, help="HTTP/REST (KServe v2) port")
     p.add_argument("--grpc-port", type=int, default=sc.grpc_port, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=sc.metrics_port, help="Prometheus metrics port")
-    p.add_argument("--max-batch", type=int, default=sc.max_batch,
-                   help="most rows per model call (Triton max_batch_size); requests with more rows are refused")
-    p.add_argument("--dynamic-batching", action=argparse.BooleanOptionalAction, default=sc.dynamic_batching,
-                   help="let Triton gather queued requests into one model call")
-    p.add_argument("--max-queue-delay-us", type=int, default=sc.max_queue_delay_us,
-                   help="longest wait to gather a bigger batch")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=sc.max_batch,
+        help="most rows per model call (Triton max_batch_size); requests with more rows are refused",
+    )
+    p.add_argument(
+        "--dynamic-batching",
+        action=argparse.BooleanOptionalAction,
+        default=sc.dynamic_batching,
+        help="let Triton gather queued requests into one model call",
+    )
+    p.add_argument(
+        "--max-queue-delay-us", type=int, default=sc.max_queue_delay_us, help="longest wait to gather a bigger batch"
+    )
     p.add_argument("--instances", type=int, default=sc.instances, help="model instances per task")
-    p.add_argument("--max-seq-len", type=int, default=lim.max_seq_len,
-                   help="tokens per model row (QA windows, classification cut; longer fill-mask text is refused)")
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=lim.max_seq_len,
+        help="tokens per model row (QA windows, classification cut; longer fill-mask text is refused)",
+    )
     p.add_argument("--doc-stride", type=int, default=lim.doc_stride, help="QA: tokens between window starts")
-    p.add_argument("--max-request-bytes", type=int, default=lim.max_request_bytes,
-                   help="UTF-8 bytes of text per request; larger requests are refused")
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=lim.max_request_bytes,
+        help="UTF-8 bytes of text per request; larger requests are refused",
+    )
     p.add_argument("--top-k", type=int, default=lim.top_k, help="fill-mask: candidates per [MASK]")
-    p.add_argument("--access-token", default=None,
-                   help="token for Triton's restricted endpoints (statistics, model repository, ...), sent by "
-                        "clients as the triton-access-token header; default $BERTFORGE_ACCESS_TOKEN or a random "
-                        "one, printed at start")
+    p.add_argument(
+        "--access-token",
+        default=None,
+        help="token for Triton's restricted endpoints (statistics, model repository, ...), sent by "
+        "clients as the triton-access-token header; default $BERTFORGE_ACCESS_TOKEN or a random "
+        "one, printed at start",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--device", default="auto",
-                   help="where the model runs: auto (a GPU when there is one, else the CPU), cpu, cuda[:N], ...")
-    p.add_argument("--precision", default="fp32", choices=("auto", "fp32", "bf16", "fp16"),
-                   help="model arithmetic: fp32, or bf16/fp16 autocast (outputs stay fp32); auto = bf16 where "
-                        "the device has it natively")
-    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                   help="run one batch of --max-batch rows of --max-seq-len tokens before reporting ready, so the "
-                        "first request does not pay for the device's lazy start (seconds on a GPU)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the model runs: auto (a GPU when there is one, else the CPU), cpu, cuda[:N], ...",
+    )
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("auto", "fp32", "bf16", "fp16"),
+        help="model arithmetic: fp32, or bf16/fp16 autocast (outputs stay fp32); auto = bf16 where "
+        "the device has it natively",
+    )
+    p.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run one batch of --max-batch rows of --max-seq-len tokens before reporting ready, so the "
+        "first request does not pay for the device's lazy start (seconds on a GPU)",
+    )
     p.add_argument("--log-verbose", type=int, default=0, help="Triton log verbosity")
 
 
@@ -106,14 +159,27 @@ def serve_run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     token = args.access_token or os.environ.get("BERTFORGE_ACCESS_TOKEN") or None  # never echoed by --help
-    cfg = server.ServeConfig(host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-                             metrics_port=args.metrics_port, max_batch=args.max_batch,
-                             dynamic_batching=args.dynamic_batching, max_queue_delay_us=args.max_queue_delay_us,
-                             instances=args.instances, access_token=token, log_verbose=args.log_verbose)
-    limits = Limits(max_seq_len=args.max_seq_len, doc_stride=args.doc_stride,
-                    max_request_bytes=args.max_request_bytes, top_k=args.top_k)
-    predictors = [(t, Predictor.from_dir(t, m, limits, args.precision, args.device))
-                  for m, t in zip(args.model, args.task)]
+    cfg = server.ServeConfig(
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        max_batch=args.max_batch,
+        dynamic_batching=args.dynamic_batching,
+        max_queue_delay_us=args.max_queue_delay_us,
+        instances=args.instances,
+        access_token=token,
+        log_verbose=args.log_verbose,
+    )
+    limits = Limits(
+        max_seq_len=args.max_seq_len,
+        doc_stride=args.doc_stride,
+        max_request_bytes=args.max_request_bytes,
+        top_k=args.top_k,
+    )
+    predictors = [
+        (t, Predictor.from_dir(t, m, limits, args.precision, args.device)) for m, t in zip(args.model, args.task)
+    ]
     if args.warmup:
         for _, p in predictors:
             p.warmup(rows=cfg.max_batch)
@@ -121,10 +187,12 @@ def serve_run(args: argparse.Namespace) -> int:
     # SIGTERM stops Triton as Ctrl-C does (no orphaned tritonserver)
     signal.signal(signal.SIGTERM, _interrupt)
     names = ", ".join(server.TASKS[t].model_name for t in args.task)
-    print(f"bertforge serve: models {names} ready; http {cfg.host}:{cfg.http_port}, grpc {cfg.host}:{cfg.grpc_port}, "
-          f"metrics {cfg.host}:{cfg.metrics_port}; batching "
-          f"{'dynamic, max ' + str(cfg.max_batch) + ' rows, ' + str(cfg.max_queue_delay_us) + ' us' if cfg.dynamic_batching else 'off'}",
-          flush=True)
+    batching = f"dynamic, max {cfg.max_batch} rows, {cfg.max_queue_delay_us} us" if cfg.dynamic_batching else "off"
+    print(
+        f"bertforge serve: models {names} ready; http {cfg.host}:{cfg.http_port}, grpc {cfg.host}:{cfg.grpc_port}, "
+        f"metrics {cfg.host}:{cfg.metrics_port}; batching {batching}",
+        flush=True,
+    )
     if token is None:
         print(f"bertforge serve: access token {server.access_token(triton)}", flush=True)
     try:
@@ -145,8 +213,11 @@ def predict_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", action="append", help="qa: its context (one per --question)")
     p.add_argument("--text", action="append", help="classify / fill-mask: a text (repeat for a batch)")
     p.add_argument("--text-pair", action="append", help="classify: the second sentence (one per --text)")
-    p.add_argument("--jsonl", default=None,
-                   help="read rows from a JSON-lines file (keys: question+context | text [+text_pair]); '-' = stdin")
+    p.add_argument(
+        "--jsonl",
+        default=None,
+        help="read rows from a JSON-lines file (keys: question+context | text [+text_pair]); '-' = stdin",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server")
 
 

@@ -18,13 +18,13 @@ Nothing here is specific to pre-training: fine-tuning passes its own `write_mode
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -55,8 +55,10 @@ class Checkpoint:
         try:
             return torch.load(path, map_location=map_location, weights_only=True)
         except Exception as e:  # noqa: BLE001 - a truncated or foreign file: say which and what to do
-            raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete {self.path} "
-                            "to resume from the previous checkpoint") from None
+            raise UserError(
+                f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete {self.path} "
+                "to resume from the previous checkpoint"
+            ) from None
 
 
 def list_checkpoints(root: str | Path) -> list[Checkpoint]:

@@ -7,15 +7,33 @@ import argparse
 
 def pretrain_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="demo_tiny_128", help="preset name (configs/pretrain/) or a YAML file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set train.max_steps=100 (repeatable)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest complete checkpoint in train.output_dir/checkpoints")
-    p.add_argument("--json-summary", default=None, metavar="FILE",
-                   help="also write dllogger-compatible JSON lines (NVIDIA DeepLearningExamples format) here")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="record N steps (after one warm-up step) with torch.profiler into train.output_dir/profile "
-                        "(trace.json opens in Perfetto or TensorBoard) and print the top kernels by time")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set train.max_steps=100 (repeatable)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest complete checkpoint in train.output_dir/checkpoints",
+    )
+    p.add_argument(
+        "--json-summary",
+        default=None,
+        metavar="FILE",
+        help="also write dllogger-compatible JSON lines (NVIDIA DeepLearningExamples format) here",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="record N steps (after one warm-up step) with torch.profiler into train.output_dir/profile "
+        "(trace.json opens in Perfetto or TensorBoard) and print the top kernels by time",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--list-keys", action="store_true", help="list every config key with its default and meaning")
 
@@ -54,6 +72,8 @@ def pretrain_run(args: argparse.Namespace) -> int:
         distributed.cleanup()
     if info.is_main:
         acc = summary.get("final_eval_mlm_acc", summary.get("final_mlm_acc"))
-        print(f"done: phase {summary['phase']} step {summary['step']}, MLM accuracy "
-              f"{acc if acc is None else f'{acc:.3f}'}; model: {summary['model_dir']}")
+        print(
+            f"done: phase {summary['phase']} step {summary['step']}, MLM accuracy "
+            f"{acc if acc is None else f'{acc:.3f}'}; model: {summary['model_dir']}"
+        )
     return 0

@@ -64,11 +64,19 @@ class PretrainDataConfig:
             raise ConfigError(f"data.prefetch must be >= 1, got {self.prefetch}")
         from bertforge.data.synthetic import check_params
 
-        check_params(self.synthetic_seq_len, self.synthetic_max_pred, self.synthetic_vocab_size,
-                     self.synthetic_histogram, self.synthetic_pack, self.synthetic_pack_algorithm)
+        check_params(
+            self.synthetic_seq_len,
+            self.synthetic_max_pred,
+            self.synthetic_vocab_size,
+            self.synthetic_histogram,
+            self.synthetic_pack,
+            self.synthetic_pack_algorithm,
+        )
         if self.synthetic and self.pack_per_row:
-            raise ConfigError("data.pack_per_row packs dynamic-masking shards; with data.input_dir: synthetic "
-                              "set data.synthetic_pack instead")
+            raise ConfigError(
+                "data.pack_per_row packs dynamic-masking shards; with data.input_dir: synthetic "
+                "set data.synthetic_pack instead"
+            )
 
 
 @dataclasses.dataclass

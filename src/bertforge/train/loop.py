@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,14 +31,17 @@ from bertforge.data.shardset import ShardSet
 from bertforge.errors import UserError
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
-from bertforge.train import checkpoint as ckpt
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime import fp8
 from bertforge.runtime.activation import apply_activation_checkpointing
-from bertforge.runtime.profile import PowerSampler, StepProfiler
-from bertforge.train.config import PretrainConfig
-from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step
 from bertforge.runtime.metrics import MetricsLogger
+from bertforge.runtime.profile import PowerSampler, StepProfiler
+from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step
+from bertforge.train import checkpoint as ckpt
+from bertforge.train.config import PretrainConfig
+
+if TYPE_CHECKING:
+    from bertforge.model.bert import BertForTask
 
 
 @dataclass
@@ -100,9 +104,19 @@ def build_loader(cfg: PretrainConfig, shards: ShardSet | None, info: ddp.DistInf
     if shards is None:
         return synthetic.loader_for(d, t.global_batch_size, t.micro_batch_size, info.rank, info.world_size, t.seed)
     rows = shards.rows_per_update(t.global_batch_size, t.micro_batch_size, info.world_size)
-    return PretrainLoader.from_dir(shards, rows, t.micro_batch_size, info.rank, info.world_size, t.seed,
-                                   d.num_workers, d.prefetch, d.chunk_rows, vocab_size=vocab_size,
-                                   pack_per_row=d.pack_per_row)
+    return PretrainLoader.from_dir(
+        shards,
+        rows,
+        t.micro_batch_size,
+        info.rank,
+        info.world_size,
+        t.seed,
+        d.num_workers,
+        d.prefetch,
+        d.chunk_rows,
+        vocab_size=vocab_size,
+        pack_per_row=d.pack_per_row,
+    )
 
 
 def check_fits(loader, shards: ShardSet | None, bert_cfg) -> None:
@@ -110,17 +124,22 @@ def check_fits(loader, shards: ShardSet | None, bert_cfg) -> None:
     if shards is not None:
         shards.check_model(bert_cfg.vocab_size, bert_cfg.max_position_embeddings)
     elif loader.seq_len > bert_cfg.max_position_embeddings:
-        raise UserError(f"data.synthetic_seq_len {loader.seq_len} is longer than model.max_position_embeddings "
-                        f"{bert_cfg.max_position_embeddings}; lower one or raise the other")
+        raise UserError(
+            f"data.synthetic_seq_len {loader.seq_len} is longer than model.max_position_embeddings "
+            f"{bert_cfg.max_position_embeddings}; lower one or raise the other"
+        )
 
 
 def build_bert_config(cfg: PretrainConfig, vocab_size: int):
     from bertforge.model.config import BertConfig
 
-    return BertConfig.from_preset(cfg.model.preset, vocab_size=vocab_size,
-                                  max_position_embeddings=cfg.model.max_position_embeddings,
-                                  hidden_dropout_prob=cfg.model.hidden_dropout,
-                                  attention_probs_dropout_prob=cfg.model.attention_dropout)
+    return BertConfig.from_preset(
+        cfg.model.preset,
+        vocab_size=vocab_size,
+        max_position_embeddings=cfg.model.max_position_embeddings,
+        hidden_dropout_prob=cfg.model.hidden_dropout,
+        attention_probs_dropout_prob=cfg.model.attention_dropout,
+    )
 
 
 def model_writer(model: torch.nn.Module, config, task: str, vocab_file: Path | None) -> Callable[[Path], None]:
@@ -136,20 +155,37 @@ def model_writer(model: torch.nn.Module, config, task: str, vocab_file: Path | N
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, directory: str, device: torch.device, precision: str, batch_size: int,
-             max_batches: int, info: ddp.DistInfo, vocab_size: int, seed: int) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    directory: str,
+    device: torch.device,
+    precision: str,
+    batch_size: int,
+    max_batches: int,
+    info: ddp.DistInfo,
+    vocab_size: int,
+    seed: int,
+) -> dict[str, float]:
     """MLM and NSP accuracy (and loss) on held-out shards, summed over ranks."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(6, dtype=torch.float64, device=device)  # loss·n, n, mlm ok, mlm n, nsp ok, nsp n
-    for batch in eval_batches(directory, batch_size, info.rank, info.world_size, max_batches or None,
-                              vocab_size=vocab_size, seed=seed):
+    for batch in eval_batches(
+        directory, batch_size, info.rank, info.world_size, max_batches or None, vocab_size=vocab_size, seed=seed
+    ):
         batch = to_device(batch, device)
         with dev.autocast(device, precision):
             out = model(**batch)
-        sums += torch.stack([out.loss.double(), torch.ones((), dtype=torch.float64, device=device),
-                             out.mlm_correct.double(), out.mlm_count.double(),
-                             out.nsp_correct.double(), out.nsp_count.double()])
+        sums += torch.stack(
+            [
+                out.loss.double(),
+                torch.ones((), dtype=torch.float64, device=device),
+                out.mlm_correct.double(),
+                out.mlm_count.double(),
+                out.nsp_correct.double(),
+                out.nsp_count.double(),
+            ]
+        )
     ddp.all_reduce_sum(sums)
     model.train(was_training)
     s = sums.tolist()
@@ -206,8 +242,9 @@ def build_model_for(cfg: PretrainConfig, bert_cfg) -> tuple[torch.nn.Module, Any
     return model, bert_cfg
 
 
-def restore(cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer, scaler, device,
-            info: ddp.DistInfo) -> tuple[TrainState, bool]:
+def restore(
+    cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer, scaler, device, info: ddp.DistInfo
+) -> tuple[TrainState, bool]:
     """A checkpoint of this run (--resume), else phase 2's init checkpoint, else a fresh state."""
     found = ckpt.latest_checkpoint(ckpt_root) if resume else None
     if found is not None:
@@ -218,8 +255,10 @@ def restore(cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer
         state = TrainState(**saved["train_state"])
         rng = saved["rng"][info.rank] if info.rank < len(saved["rng"]) else saved["rng"][0]
         dev.set_rng_state(device, rng)
-        _log0(info, f"resumed from {found.path} (phase {state.phase}, step {state.step}, "
-                    f"{state.sequences:,} sequences seen)")
+        _log0(
+            info,
+            f"resumed from {found.path} (phase {state.phase}, step {state.step}, {state.sequences:,} sequences seen)",
+        )
         return state, True
     if cfg.train.init_checkpoint:
         src = ckpt.find_checkpoint(cfg.train.init_checkpoint)
@@ -235,11 +274,15 @@ def restore(cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer
     return TrainState(), False
 
 
-def setup(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = None,
-          save_hook: Callable[[Path], None] | None = None) -> Run:
+def setup(
+    cfg: PretrainConfig,
+    resume: bool = False,
+    json_summary: str | None = None,
+    save_hook: Callable[[Path], None] | None = None,
+) -> Run:
     """Device, model, optimizer, restored state, the compiled step, the data and the logger."""
     t_created = time.perf_counter()
-    t, o, d = cfg.train, cfg.optim, cfg.data
+    t, o = cfg.train, cfg.optim
     info, device = ddp.init_distributed(t.device)
     precision = dev.resolve_precision(t.precision, device)
     shards = open_data(cfg, info)
@@ -255,53 +298,102 @@ def setup(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = 
     if not resumed:
         torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
     # DDP wraps the restored model (it broadcasts rank 0's weights); compile wraps DDP
-    step = TrainStep.build(model, optimizer, device, precision, o.max_grad_norm, t.compile,
-                           ddp=ddp.wrap_ddp(model, device, info) if info.distributed else None, scaler=scaler)
+    step = TrainStep.build(
+        model,
+        optimizer,
+        device,
+        precision,
+        o.max_grad_norm,
+        t.compile,
+        ddp=ddp.wrap_ddp(model, device, info) if info.distributed else None,
+        scaler=scaler,
+    )
     loader = build_loader(cfg, shards, info, vocab_size)
     check_fits(loader, shards, bert_cfg)
-    logger = MetricsLogger(Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard,
-                           resume=resumed)
-    run = Run(cfg, info, device, precision, model, bert_cfg, vocab_size, vocab_file, step, loader, logger, state,
-              resumed, ckpt_root, seconds_before=state.train_seconds, t_created=t_created, fp8_guard=guard,
-              power=PowerSampler(device) if info.is_main else None, save_hook=save_hook)
+    logger = MetricsLogger(
+        Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard, resume=resumed
+    )
+    run = Run(
+        cfg,
+        info,
+        device,
+        precision,
+        model,
+        bert_cfg,
+        vocab_size,
+        vocab_file,
+        step,
+        loader,
+        logger,
+        state,
+        resumed,
+        ckpt_root,
+        seconds_before=state.train_seconds,
+        t_created=t_created,
+        fp8_guard=guard,
+        power=PowerSampler(device) if info.is_main else None,
+        save_hook=save_hook,
+    )
     _announce(run)
     return run
 
 
-def _enter_fp8(cfg: PretrainConfig, model: torch.nn.Module, device: torch.device, precision: str,
-               info: ddp.DistInfo) -> fp8.Fp8Guard | None:
+def _enter_fp8(
+    cfg: PretrainConfig, model: torch.nn.Module, device: torch.device, precision: str, info: ddp.DistInfo
+) -> fp8.Fp8Guard | None:
     t = cfg.train
     if not t.fp8:
         return None
     if not (t.fp8_emulate or fp8.fp8_usable(device)):
-        raise UserError(f"train.fp8 needs a GPU with FP8 tensor cores (H100, Ada) and torchao installed "
-                        f"(pip install torchao); {device} has none here. Set train.fp8=false")
+        raise UserError(
+            f"train.fp8 needs a GPU with FP8 tensor cores (H100, Ada) and torchao installed "
+            f"(pip install torchao); {device} has none here. Set train.fp8=false"
+        )
     if precision != "bf16":
-        raise UserError(f"train.fp8 runs the other ops in bf16, but {device} resolved precision {precision}; "
-                        "set train.precision=bf16 or train.fp8=false")
+        raise UserError(
+            f"train.fp8 runs the other ops in bf16, but {device} resolved precision {precision}; "
+            "set train.precision=bf16 or train.fp8=false"
+        )
     n = fp8.convert(model, emulate=t.fp8_emulate)
-    _log0(info, f"fp8: {n} linear layers in float8 (tensorwise scaling); back to bf16 after "
-                f"{t.fp8_fallback_after} non-finite steps in a row")
+    _log0(
+        info,
+        f"fp8: {n} linear layers in float8 (tensorwise scaling); back to bf16 after "
+        f"{t.fp8_fallback_after} non-finite steps in a row",
+    )
     return fp8.Fp8Guard(t.fp8_fallback_after)
 
 
 def _leave_fp8(run: Run) -> None:
     n = fp8.revert(run.model)
     run.logger.log(run.state.phase_offset + run.state.step, {"fp8_fallback": 1.0})
-    _log0(run.info, f"fp8: {run.fp8_guard.fallback_after if run.fp8_guard else '?'} non-finite steps in a row; "
-                    f"{n} layers back to bf16 for the rest of the run")
+    _log0(
+        run.info,
+        f"fp8: {run.fp8_guard.fallback_after if run.fp8_guard else '?'} non-finite steps in a row; "
+        f"{n} layers back to bf16 for the rest of the run",
+    )
 
 
 def _announce(run: Run) -> None:
     cfg, info, state = run.cfg, run.info, run.state
-    run.logger.params({"phase": state.phase, "world_size": info.world_size, "accumulation": run.loader.accum,
-                       "precision": run.precision, "device": str(run.device), "data_kind": run.loader.kind,
-                       **{f"{k}.{kk}": vv for k, v in asdict(cfg).items() for kk, vv in v.items()}})
+    run.logger.params(
+        {
+            "phase": state.phase,
+            "world_size": info.world_size,
+            "accumulation": run.loader.accum,
+            "precision": run.precision,
+            "device": str(run.device),
+            "data_kind": run.loader.kind,
+            **{f"{k}.{kk}": vv for k, v in asdict(cfg).items() for kk, vv in v.items()},
+        }
+    )
     n_params = sum(p.numel() for p in run.model.parameters()) / 1e6
     t = cfg.train
-    _log0(info, f"pretrain phase {state.phase}: {cfg.model.preset} ({n_params:.1f}M params) on {info.world_size} x "
-                f"{run.device} in {run.precision}; global batch {t.global_batch_size} = {t.micro_batch_size} x "
-                f"{info.world_size} ranks x {run.loader.accum} accumulation; {run.loader.kind} shards")
+    _log0(
+        info,
+        f"pretrain phase {state.phase}: {cfg.model.preset} ({n_params:.1f}M params) on {info.world_size} x "
+        f"{run.device} in {run.precision}; global batch {t.global_batch_size} = {t.micro_batch_size} x "
+        f"{info.world_size} ranks x {run.loader.accum} accumulation; {run.loader.kind} shards",
+    )
 
 
 # ------------------------------------------------------------------------------------------ eval, save
@@ -314,21 +406,46 @@ def save(run: Run) -> ckpt.Checkpoint | None:
     if run.info.is_main:
         step = run.step
         saved = ckpt.save_checkpoint(
-            run.ckpt_root, state.phase_offset + state.step,
+            run.ckpt_root,
+            state.phase_offset + state.step,
             model_writer(run.model, run.bert_cfg, "pretraining", run.vocab_file),
-            {"optimizer": step.optimizer.state_dict(), "scaler": step.scaler.state_dict(), "rng": rngs,
-             "train_state": asdict(state)},
-            {"phase": state.phase, "phase_step": state.step, "sequences": state.sequences, "tokens": state.tokens,
-             "precision": run.precision, "world_size": run.info.world_size, "config": asdict(run.cfg)},
-            keep_last=run.cfg.train.keep_last, _before_rename=run.save_hook)
+            {
+                "optimizer": step.optimizer.state_dict(),
+                "scaler": step.scaler.state_dict(),
+                "rng": rngs,
+                "train_state": asdict(state),
+            },
+            {
+                "phase": state.phase,
+                "phase_step": state.step,
+                "sequences": state.sequences,
+                "tokens": state.tokens,
+                "precision": run.precision,
+                "world_size": run.info.world_size,
+                "config": asdict(run.cfg),
+            },
+            keep_last=run.cfg.train.keep_last,
+            _before_rename=run.save_hook,
+        )
     ddp.barrier()
     return saved
 
 
 def evaluate_run(run: Run) -> dict[str, float]:
     d, t = run.cfg.data, run.cfg.train
-    return evaluate(run.step.model, d.eval_dir, run.device, run.precision, t.micro_batch_size, d.eval_batches,
-                    run.info, run.vocab_size, t.seed)
+    if not d.eval_dir:  # callers check data.eval_dir first
+        raise ValueError("evaluate_run needs data.eval_dir")
+    return evaluate(
+        run.step.model,
+        d.eval_dir,
+        run.device,
+        run.precision,
+        t.micro_batch_size,
+        d.eval_batches,
+        run.info,
+        run.vocab_size,
+        t.seed,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the loop
@@ -416,18 +533,28 @@ def _stop_nonfinite(run: Run, count: int) -> None:
         f"{count} non-finite gradient steps in a row at step {run.state.step} ({run.precision}"
         f"{f', loss scale {scaler.get_scale():g}' if scaler.is_enabled() else ''}); the last good state is "
         f"saved in {saved.path if saved else run.ckpt_root}. Lower optim.lr, use train.precision=bf16 "
-        "or fp32, or check the data, then run again with --resume")
+        "or fp32, or check the data, then run again with --resume"
+    )
 
 
 def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[str, Any]:
     state = run.state
     final = ckpt.latest_checkpoint(run.ckpt_root)
     summary = {
-        "phase": state.phase, "step": state.step, "global_step": state.phase_offset + state.step,
-        "sequences": state.sequences, "tokens": state.tokens, "skipped_steps": state.skipped,
-        "train_time_s": run.train_seconds, "first_step_s": run.first_step_s, "precision": run.precision, "device": str(run.device),
-        "world_size": run.info.world_size, "model_preset": run.cfg.model.preset,
-        "final_loss": window.last.get("loss"), "final_mlm_acc": window.last.get("mlm_acc"),
+        "phase": state.phase,
+        "step": state.step,
+        "global_step": state.phase_offset + state.step,
+        "sequences": state.sequences,
+        "tokens": state.tokens,
+        "skipped_steps": state.skipped,
+        "train_time_s": run.train_seconds,
+        "first_step_s": run.first_step_s,
+        "precision": run.precision,
+        "device": str(run.device),
+        "world_size": run.info.world_size,
+        "model_preset": run.cfg.model.preset,
+        "final_loss": window.last.get("loss"),
+        "final_mlm_acc": window.last.get("mlm_acc"),
         **{f"final_{k}": v for k, v in eval_metrics.items()},
         "checkpoint": str(final.path) if final else None,
         "model_dir": str(final.model_dir) if final else None,
@@ -438,8 +565,13 @@ def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[s
     return summary
 
 
-def run_pretrain(cfg: PretrainConfig, resume: bool = False, json_summary: str | None = None,
-                 _save_hook: Callable[[Path], None] | None = None, profile_steps: int = 0) -> dict[str, Any]:
+def run_pretrain(
+    cfg: PretrainConfig,
+    resume: bool = False,
+    json_summary: str | None = None,
+    _save_hook: Callable[[Path], None] | None = None,
+    profile_steps: int = 0,
+) -> dict[str, Any]:
     """One pre-training phase; returns the summary (also written to train.output_dir/summary.json)."""
     return train(setup(cfg, resume, json_summary, _save_hook), profile_steps)
 
@@ -474,27 +606,47 @@ class _Window:
         mask = batch["attention_mask"]
         nsp = batch["nsp_labels"]
         seqs = (nsp >= 0).sum() if nsp.dim() == 2 else torch.tensor(nsp.shape[0], device=mask.device)
-        self.sums += torch.stack([
-            out.loss.detach().double(), torch.ones((), dtype=torch.float64, device=self.device),
-            out.mlm_correct.double(), out.mlm_count.double(), out.nsp_correct.double(), out.nsp_count.double(),
-            seqs.double(), (mask != 0).sum().double(), torch.tensor(float(mask.shape[0]), device=self.device,
-                                                                     dtype=torch.float64)])
+        self.sums += torch.stack(
+            [
+                out.loss.detach().double(),
+                torch.ones((), dtype=torch.float64, device=self.device),
+                out.mlm_correct.double(),
+                out.mlm_count.double(),
+                out.nsp_correct.double(),
+                out.nsp_count.double(),
+                seqs.double(),
+                (mask != 0).sum().double(),
+                torch.tensor(float(mask.shape[0]), device=self.device, dtype=torch.float64),
+            ]
+        )
 
     def flush(self, info: ddp.DistInfo, global_batch: int, lr: float, state: TrainState) -> dict[str, float]:
         dev.synchronize(self.device)
         elapsed = time.perf_counter() - self.t0
-        packed = torch.cat([self.sums, self.grad_norm_sum.view(1),
-                            torch.tensor([self.data_wait], dtype=torch.float64, device=self.device)])
+        packed = torch.cat(
+            [
+                self.sums,
+                self.grad_norm_sum.view(1),
+                torch.tensor([self.data_wait], dtype=torch.float64, device=self.device),
+            ]
+        )
         ddp.all_reduce_sum(packed)
         s = packed.tolist()
         state.sequences += int(s[6])
         state.tokens += int(s[7])
         metrics = {
-            "loss": s[0] / max(s[1], 1), "mlm_acc": s[2] / max(s[3], 1), "nsp_acc": s[4] / max(s[5], 1),
-            "lr": lr, "grad_norm": s[9] / info.world_size / max(self.updates, 1),
-            "window_s": elapsed, "seq_per_s": s[6] / elapsed, "tokens_per_s": s[7] / elapsed, "rows_per_s": s[8] / elapsed,
+            "loss": s[0] / max(s[1], 1),
+            "mlm_acc": s[2] / max(s[3], 1),
+            "nsp_acc": s[4] / max(s[5], 1),
+            "lr": lr,
+            "grad_norm": s[9] / info.world_size / max(self.updates, 1),
+            "window_s": elapsed,
+            "seq_per_s": s[6] / elapsed,
+            "tokens_per_s": s[7] / elapsed,
+            "rows_per_s": s[8] / elapsed,
             "masked_per_seq": s[3] / max(s[6], 1),
-            "data_wait": s[10] / info.world_size / elapsed, "skipped": state.skipped,
+            "data_wait": s[10] / info.world_size / elapsed,
+            "skipped": state.skipped,
             "sequences": state.sequences,
         }
         self.last = metrics
@@ -508,13 +660,14 @@ def _mfu(bert_cfg, metrics: dict[str, float], device: torch.device, precision: s
     from bertforge.model.flops import flops_per_sequence
 
     seqs = max(metrics["seq_per_s"], 1e-9)
-    flops = flops_per_sequence(bert_cfg, metrics["tokens_per_s"] / seqs, metrics["masked_per_seq"],
-                               task="pretraining", training=True)
+    flops = flops_per_sequence(
+        bert_cfg, metrics["tokens_per_s"] / seqs, metrics["masked_per_seq"], task="pretraining", training=True
+    )
     return flops * metrics["seq_per_s"] / (dev.peak_flops(device, precision) * info.world_size)
 
 
-def _load_weights(model: torch.nn.Module, model_dir: Path) -> None:
-    from bertforge.model.hf_interop import load_hf_state_dict, normalise_keys, read_state_dict, _weights_file
+def _load_weights(model: BertForTask, model_dir: Path) -> None:
+    from bertforge.model.hf_interop import _weights_file, load_hf_state_dict, normalise_keys, read_state_dict
 
     sd = normalise_keys(read_state_dict(_weights_file(Path(model_dir))), model.config.model_type)
     load_hf_state_dict(model, sd, source=str(model_dir))
