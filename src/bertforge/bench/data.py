@@ -105,6 +105,23 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> dict[str,
     return {"shards_wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak / 2**20, "max_process_rss_mb": peak_one / 2**20}
 
 
+def shards_argv(
+    docs, vocab, out, seq_len: int, max_pred: int, dupe_factor: int, num_shards: int, workers: int
+) -> list[str]:
+    """`bertforge data shards ...` arguments (the benchmarks that build shards share them)."""
+    flags = {
+        "--docs": docs,
+        "--vocab": vocab,
+        "--out": out,
+        "--seq-len": seq_len,
+        "--max-pred": max_pred,
+        "--dupe-factor": dupe_factor,
+        "--shards": num_shards,
+        "--workers": workers,
+    }
+    return ["data", "shards", *(x for k, v in flags.items() for x in (k, str(v)))]
+
+
 def shards(
     repeat: int = 10,
     seq_len: int = 128,
@@ -123,24 +140,7 @@ def shards(
             sys.executable,
             "-m",
             "bertforge",
-            "data",
-            "shards",
-            "--docs",
-            str(docs),
-            "--vocab",
-            str(vocab),
-            "--out",
-            str(out),
-            "--seq-len",
-            str(seq_len),
-            "--max-pred",
-            str(max_pred),
-            "--dupe-factor",
-            str(dupe_factor),
-            "--shards",
-            str(num_shards),
-            "--workers",
-            str(workers),
+            *shards_argv(docs, vocab, out, seq_len, max_pred, dupe_factor, num_shards, workers),
         ]
         if wwm:
             cmd.append("--wwm")

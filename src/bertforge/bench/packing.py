@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from bertforge.bench.data import shards_argv
 from bertforge.data import packing as pk
 from bertforge.data import packing_algorithms as pa
 from bertforge.data import packing_rows as pr
@@ -259,28 +260,8 @@ def wikitext_shards(
                 ]
             ):
                 raise RuntimeError("bertforge data docs failed")
-        if main(
-            [
-                "data",
-                "shards",
-                "--docs",
-                str(base / "docs*" / "*.txt"),
-                "--vocab",
-                str(data / "bert_vocab" / "bert-base-uncased-vocab.txt"),
-                "--out",
-                str(unpacked),
-                "--seq-len",
-                str(seq_len),
-                "--max-pred",
-                str(max_pred),
-                "--dupe-factor",
-                str(dupe_factor),
-                "--shards",
-                "4",
-                "--workers",
-                "1",
-            ]
-        ):
+        vocab = data / "bert_vocab" / "bert-base-uncased-vocab.txt"
+        if main(shards_argv(base / "docs*" / "*.txt", vocab, unpacked, seq_len, max_pred, dupe_factor, 4, 1)):
             raise RuntimeError("bertforge data shards failed")
     if not (packed / pk.METADATA).is_file() and main(
         [
