@@ -37,3 +37,15 @@ def test_fp8_step_tracks_bf16():
     pytest.importorskip("torchao.float8")
     bf16, f8 = _steps(), _steps(use_fp8=True)
     assert all(abs(a - b) < 0.03 * a for a, b in zip(bf16, f8)), (bf16, f8)
+
+
+def test_loaders_pin_batches_for_the_gpu(tmp_path):
+    """With pin_memory set (the loop sets it on CUDA) batches arrive page-locked, with workers and without."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from bertforge.data.synthetic import SyntheticLoader
+
+    for workers in (0, 2):
+        loader = SyntheticLoader(128, 20, 30522, 8, 8, 0, 1, 0, num_workers=workers)
+        loader.pin_memory = True
+        assert all(t.is_pinned() for t in next(loader.iterate()).values())

@@ -303,6 +303,8 @@ class PretrainLoader:
 
     def __init__(self, spec: LoaderSpec, shards: ShardSet, num_workers: int = 2, prefetch: int = 4):
         self.spec, self.shards, self.num_workers, self.prefetch = spec, shards, num_workers, prefetch
+        self.pin_memory = False
+        """Page-locked batches (the training loop sets it on CUDA: non-blocking copies overlap the step)."""
 
     @property
     def accum(self) -> int:
@@ -354,21 +356,35 @@ class PretrainLoader:
         return self.spec.kind
 
     def iterate(self, start_batch: int = 0) -> Iterator[dict[str, torch.Tensor]]:
-        ds = _RankStream(self.spec, start_batch)
-        if self.num_workers == 0:
-            return iter(ds)
-        dl = torch.utils.data.DataLoader(
-            ds,
+        return batch_stream(
+            _RankStream(self.spec, start_batch), self.num_workers, self.prefetch, self.spec.seed, self.pin_memory
+        )
+
+
+def batch_stream(
+    dataset: torch.utils.data.IterableDataset, num_workers: int, prefetch: int, seed: int, pin_memory: bool = False
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The micro-batches of `dataset` (an IterableDataset that yields them in order), made in `num_workers`
+    processes with `prefetch` each ahead — the next batches are ready while the step runs — or, with 0, here
+    when asked for. `pin_memory`: page-locked host tensors, so the step's non-blocking copies to the GPU
+    overlap with compute (the DataLoader pins in a thread of its own)."""
+    if num_workers == 0:
+        batches = iter(dataset)
+        return ({k: v.pin_memory() for k, v in b.items()} for b in batches) if pin_memory else batches
+    return iter(
+        torch.utils.data.DataLoader(
+            dataset,
             batch_size=None,
-            num_workers=self.num_workers,
-            prefetch_factor=self.prefetch,
+            num_workers=num_workers,
+            prefetch_factor=prefetch,
             persistent_workers=False,
-            # its own generator: creating the iterator must not draw from the
-            # global RNG that dropout uses (exact resume)
-            generator=torch.Generator().manual_seed(self.spec.seed),
+            pin_memory=pin_memory,
+            # its own generator: creating the iterator must not draw from the global RNG that dropout uses
+            # (exact resume)
+            generator=torch.Generator().manual_seed(seed),
             multiprocessing_context="fork" if _can_fork() else None,
         )
-        return iter(dl)
+    )
 
 
 def _can_fork() -> bool:

@@ -351,6 +351,8 @@ class SyntheticLoader:
     ):
         check_params(seq_len, max_pred, vocab_size, histogram, pack, pack_algorithm)
         self.num_workers, self.prefetch = num_workers, prefetch
+        self.pin_memory = False
+        """Page-locked batches (the training loop sets it on CUDA: non-blocking copies overlap the step)."""
         self.seq_len, self.vocab_size, self.micro_batch, self.seed = seq_len, vocab_size, micro_batch, seed
         self.pack, self.masked_lm_prob, self._max_pred = pack, masked_lm_prob, max_pred
         self._accum = batch_arithmetic(global_batch, micro_batch, world_size)
@@ -397,21 +399,10 @@ class SyntheticLoader:
     def iterate(self, start_batch: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         """Endless micro-batches of this rank from update `start_batch` on: each update, one per own lane; made
         in `num_workers` processes (in order, `prefetch` each ahead) or, with 0, here when asked for."""
-        stream = _SyntheticStream(self, start_batch)
-        if self.num_workers == 0:
-            return iter(stream)
-        from bertforge.data.loader import _can_fork
+        from bertforge.data.loader import batch_stream
 
-        return iter(
-            torch.utils.data.DataLoader(
-                stream,
-                batch_size=None,
-                num_workers=self.num_workers,
-                prefetch_factor=self.prefetch,
-                # its own generator: creating the iterator must not draw from the global RNG (exact resume)
-                generator=torch.Generator().manual_seed(self.seed),
-                multiprocessing_context="fork" if _can_fork() else None,
-            )
+        return batch_stream(
+            _SyntheticStream(self, start_batch), self.num_workers, self.prefetch, self.seed, self.pin_memory
         )
 
 

@@ -309,6 +309,7 @@ def setup(
         scaler=scaler,
     )
     loader = build_loader(cfg, shards, info, vocab_size)
+    loader.pin_memory = device.type == "cuda"  # page-locked batches: the non-blocking copies overlap the step
     check_fits(loader, shards, bert_cfg)
     logger = MetricsLogger(
         Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard, resume=resumed
