@@ -244,8 +244,18 @@ def test_load_300_requests_every_tenth_malformed(server):
         (b'{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES"}]}', 400, ["data"]),
         (b'{"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["a"]}]}', 400, ["text"]),
         (b'{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}', 400, ["empty"]),
+        (json.dumps({"inputs": [_text(*["a"] * 9)]}).encode(), 400, ["batch"]),
     ],
-    ids=["truncated json", "not json", "inputs not a list", "number for a string", "no data", "short data", "empty"],
+    ids=[
+        "truncated json",
+        "not json",
+        "inputs not a list",
+        "number for a string",
+        "no data",
+        "short data",
+        "empty",
+        "9 rows",
+    ],
 )
 def test_client_mistakes_get_one_line(server, body, status, words):
     got, answer = _post(server["base"], "classify", body)
