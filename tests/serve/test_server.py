@@ -7,13 +7,7 @@ error that says what is wrong and the server keeps serving; a bounded load test 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -37,97 +31,12 @@ CONTEXT = (
 )
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, headers={"triton-access-token": token} if token else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
 @pytest.fixture(scope="module")
-def server(head_models, tmp_path_factory):
-    from bertforge.errors import UserError
-    from bertforge.serve.server import ensure_libpython
-
-    try:
-        ensure_libpython()
-    except UserError as e:
-        pytest.skip(f"Triton's Python backend cannot run here: {e}")
-    http, grpc, metrics = _free_ports(3)
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}  # `serve` must add libpython itself
-    cmd = [
-        sys.executable,
-        "-m",
-        "bertforge",
-        "serve",
-        "--http-port",
-        str(http),
-        "--grpc-port",
-        str(grpc),
-        "--metrics-port",
-        str(metrics),
-        "--max-batch",
-        str(MAX_BATCH),
-        "--max-queue-delay-us",
-        "5000",
-        "--max-request-bytes",
-        str(MAX_BYTES),
-        "--max-seq-len",
-        "128",
-        "--doc-stride",
-        "64",
-        "--access-token",
-        TOKEN,
-        "--threads",
-        "1",
-    ]
-    for task, d in head_models.items():
-        cmd += ["--model", str(d), "--task", task]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{http}"
-    deadline = time.time() + 180
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"bertforge serve exited ({proc.returncode}):\n{log.read_text(errors='replace')[-3000:]}")
-            try:
-                # server readiness comes before PyTriton has loaded the models: wait for each model
-                if all(_get(f"{base}/v2/models/{m}/ready")[0] == 200 for m in ("qa", "classify", "fill_mask")):
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"bertforge serve not ready after 180 s:\n{log.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.5)
-        yield {
-            "http": f"127.0.0.1:{http}",
-            "grpc": f"127.0.0.1:{grpc}",
-            "metrics": f"127.0.0.1:{metrics}",
-            "base": base,
-            "log": log,
-            "proc": proc,
-        }
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def server(head_models, serving, tmp_path_factory):
+    args = ["--max-batch", str(MAX_BATCH), "--max-queue-delay-us", "5000", "--max-request-bytes", str(MAX_BYTES)]
+    args += ["--max-seq-len", "128", "--doc-stride", "64", "--access-token", TOKEN, "--threads", "1"]
+    with serving.serve_process(head_models, args, tmp_path_factory.mktemp("serve") / "serve.log") as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +47,11 @@ def local(head_models):
 
 
 def test_health_ready_metrics_and_model_metadata(server):
-    assert _get(f"{server['base']}/v2/health/live")[0] == 200
-    assert _get(f"{server['base']}/v2/health/ready")[0] == 200
+    assert server["get"](f"{server['base']}/v2/health/live")[0] == 200
+    assert server["get"](f"{server['base']}/v2/health/ready")[0] == 200
     for name in ("qa", "classify", "fill_mask"):
-        assert _get(f"{server['base']}/v2/models/{name}/ready")[0] == 200
-    status, body = _get(f"{server['base']}/v2/models/qa")
+        assert server["get"](f"{server['base']}/v2/models/{name}/ready")[0] == 200
+    status, body = server["get"](f"{server['base']}/v2/models/qa")
     md = json.loads(body)
     assert [i["name"] for i in md["inputs"]] == ["question", "context"]
     assert [o["name"] for o in md["outputs"]] == ["answer", "score"]
@@ -152,13 +61,13 @@ def test_health_ready_metrics_and_model_metadata(server):
         assert [i["name"] for i in md["inputs"]] == ["text", "text_pair"]
         assert [o["name"] for o in md["outputs"]] == ["label", "label_id", "probabilities"]
         assert [o["name"] for o in c.metadata("fill_mask")["outputs"]] == ["tokens", "token_ids", "scores"]
-    status, body = _get(f"http://{server['metrics']}/metrics")
+    status, body = server["get"](f"http://{server['metrics']}/metrics")
     assert status == 200 and b"nv_inference_request_success" in body
 
 
 def test_restricted_endpoints_need_the_token(server):
-    assert _get(f"{server['base']}/v2/models/stats")[0] in (401, 403)
-    status, body = _get(f"{server['base']}/v2/models/stats", TOKEN)
+    assert server["get"](f"{server['base']}/v2/models/stats")[0] in (401, 403)
+    status, body = server["get"](f"{server['base']}/v2/models/stats", TOKEN)
     assert status == 200 and b"model_stats" in body
 
 
@@ -254,7 +163,7 @@ def test_load_concurrency_8_no_failures(server):
     assert rows == [len(next(iter(cols.values()))) for _, cols in jobs]
     assert time.time() - t0 < 300
     # dynamic batching was active: Triton ran fewer model executions than it served requests
-    stats = json.loads(_get(f"{server['base']}/v2/models/classify/stats", TOKEN)[1])["model_stats"][0]
+    stats = json.loads(server["get"](f"{server['base']}/v2/models/classify/stats", TOKEN)[1])["model_stats"][0]
     assert stats["inference_count"] >= 64 and stats["execution_count"] < stats["inference_count"]
 
 

@@ -59,6 +59,8 @@ def wordpiece_from_vocab(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
     )
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
+    # registered as special, "[MASK]" in a text stays one token (else: "[", "mask", "]"), as in Hugging Face's BERT
+    tok.add_special_tokens([t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in vocab])
     if "[CLS]" in vocab and "[SEP]" in vocab:
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]",

@@ -101,8 +101,8 @@ def serve_add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-seq-len",
         type=int,
-        default=lim.max_seq_len,
-        help="tokens per model row (QA windows, classification cut; longer fill-mask text is refused)",
+        default=argparse.SUPPRESS,  # absent: fitted to the model (the help shows no "None")
+        help=f"tokens per model row (default {lim.max_seq_len}, or the model's positions when fewer)",
     )
     p.add_argument("--doc-stride", type=int, default=lim.doc_stride, help="QA: tokens between window starts")
     p.add_argument(
@@ -172,13 +172,14 @@ def serve_run(args: argparse.Namespace) -> int:
         log_verbose=args.log_verbose,
     )
     limits = Limits(
-        max_seq_len=args.max_seq_len,
+        max_seq_len=getattr(args, "max_seq_len", Limits.max_seq_len),
         doc_stride=args.doc_stride,
         max_request_bytes=args.max_request_bytes,
         top_k=args.top_k,
     )
     predictors = [
-        (t, Predictor.from_dir(t, m, limits, args.precision, args.device)) for m, t in zip(args.model, args.task)
+        (t, Predictor.from_dir(t, m, limits, args.precision, args.device, fit_seq_len="max_seq_len" not in args))
+        for m, t in zip(args.model, args.task)
     ]
     if args.warmup:
         for _, p in predictors:

@@ -13,7 +13,8 @@ from bertforge.serve.tasks import TASKS
 
 
 def server_message(err: Exception) -> str:
-    """The useful line of a Triton/PyTriton error (PyTriton sends the served function's whole traceback)."""
+    """The useful line of a Triton error: `bertforge serve` sends one line; a served function that fails outside
+    its per-request handling (or a server without bertforge's proxy patch) sends PyTriton's whole traceback."""
     text = str(err)
     m = re.findall(r"RequestError: (.*)", text)
     if m:

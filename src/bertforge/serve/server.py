@@ -5,8 +5,9 @@ unknown input names, wrong datatypes or shapes and batches over `max_batch`; the
 empty or non-UTF-8 strings and oversized requests (`tasks.RequestError`), and the server keeps serving.
 With dynamic batching, Triton gathers queued requests into one call (up to `max_batch` rows, waiting at most
 `max_queue_delay_us`); the function encodes each request, runs the model once on all rows padded to the
-longest, and splits the outputs back. PyTriton answers a call with one error for all its requests, so a
-malformed request batched together with good ones fails them too (see docs/serving.md).
+longest, and splits the outputs back. Each request is validated before it joins the call, and answered with
+its own error (`patch_proxy`: PyTriton itself has only one error per call), so a bad request never fails the
+requests batched with it (see docs/serving.md).
 """
 
 from __future__ import annotations
@@ -87,29 +88,110 @@ def ensure_libpython() -> str:
     return libdir
 
 
+ERROR_OUTPUT = "bertforge_error"
+"""Output name that carries one request's error from the served function to the proxy patch below."""
+
+# Appended to PyTriton's proxy model.py (it runs inside Triton's Python-backend stub): PyTriton 0.7 answers a
+# model call with one result for all its requests and has no per-request error, so a response that carries
+# ERROR_OUTPUT becomes that request's own error, INVALID_ARG (HTTP 400) or INTERNAL (500); the others of the
+# batch keep their outputs.
+_PROXY_PATCH = f"""
+
+# --- bertforge: per-request errors (bertforge/serve/server.py) ---
+_bertforge_wrap_response = _wrap_response
+
+
+def _wrap_response(response, requested_outputs_names, model_outputs_dict):
+    if response.data is not None and "{ERROR_OUTPUT}" in response.data:
+        code, _, msg = bytes(response.data["{ERROR_OUTPUT}"].reshape(-1)[0]).decode("utf-8", "replace").partition(" ")
+        code = getattr(pb_utils.TritonError, code, pb_utils.TritonError.INTERNAL)
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, code))
+    return _bertforge_wrap_response(response, requested_outputs_names, model_outputs_dict)
+"""
+
+
+def patch_proxy() -> None:
+    """Make PyTriton's generated Triton models answer ERROR_OUTPUT responses as per-request errors (idempotent)."""
+    from pytriton.models.model import Model
+
+    if getattr(Model, "_bertforge_patched", False):
+        return
+    generate, files = Model.generate_model, Model.get_proxy_model_files
+
+    def generate_model(self, model_repository: Path) -> None:
+        generate(self, model_repository)
+        script = Path(model_repository) / self.model_name / str(self.model_version) / "model.py"
+        with open(script, "a", encoding="utf-8") as f:
+            f.write(_PROXY_PATCH)
+
+    def get_proxy_model_files(self) -> dict[str, bytes]:
+        out = files(self)
+        key = f"file:{self.model_version}/model.py"
+        out[key] = out[key] + _PROXY_PATCH.encode()
+        return out
+
+    Model.generate_model, Model.get_proxy_model_files = generate_model, get_proxy_model_files
+    Model._bertforge_patched = True
+
+
+def error_response(message: str, client: bool = True) -> dict[str, np.ndarray]:
+    """One request's error: one line, a client mistake (4xx) or the server's own failure (500)."""
+    line = " ".join(message.split()) or "error"
+    return {ERROR_OUTPUT: np.array([f"{'INVALID_ARG' if client else 'INTERNAL'} {line}".encode()], dtype=object)}
+
+
+def encode_request(predictor: Predictor, req: Any) -> list[Any]:
+    """Decode and validate one request (raises RequestError); its rows, ready for `predictor.predict`."""
+    inputs = {}
+    for io in TASKS[predictor.task].inputs:
+        if io.name in req.keys():  # noqa: SIM118 -- pytriton's Request has keys() but no __contains__
+            inputs[io.name] = decode_strings(io.name, req[io.name], allow_empty=io.optional)
+        elif not io.optional:
+            raise RequestError(f"input {io.name!r} is missing")
+    if "text_pair" in inputs and not any(s.strip() for s in inputs["text_pair"]):
+        del inputs["text_pair"]
+    return predictor.encode(inputs)
+
+
+def _failure(e: Exception) -> dict[str, np.ndarray]:
+    if isinstance(e, RequestError):
+        return error_response(str(e))
+    log.exception("request failed")  # the traceback stays in the server's log, the client gets one line
+    return error_response(f"internal error ({type(e).__name__}: {e})", client=False)
+
+
 def make_infer_fn(predictor: Predictor) -> Callable[[list[Any]], list[dict[str, np.ndarray]]]:
-    """The function Triton calls with a list of requests (each a dict of input name -> array with batch dim)."""
-    spec = TASKS[predictor.task]
+    """The function Triton calls with a list of requests (each a dict of input name -> array with batch dim).
+
+    Each request is validated on its own before its rows join the model call, so a bad request gets its own
+    error and never fails the others. If the batched model call fails anyway, every request is re-run on its
+    own and only the one that still fails gets an error.
+    """
 
     def infer(requests: list[Any]) -> list[dict[str, np.ndarray]]:
-        encoded: list[list[Any]] = []
-        for req in requests:
-            inputs = {}
-            for io in spec.inputs:
-                if io.name in req.keys():  # noqa: SIM118 -- pytriton's Request has keys() but no __contains__
-                    inputs[io.name] = decode_strings(io.name, req[io.name], allow_empty=io.optional)
-                elif not io.optional:
-                    raise RequestError(f"input {io.name!r} is missing")
-            if "text_pair" in inputs and not any(s.strip() for s in inputs["text_pair"]):
-                del inputs["text_pair"]
-            encoded.append(predictor.encode(inputs))
-        rows = [r for rs in encoded for r in rs]
-        outs = predictor.predict(rows)
-        responses, i = [], 0
-        for rs in encoded:
-            responses.append(stack_outputs(predictor.task, outs[i : i + len(rs)]))
-            i += len(rs)
-        return responses
+        responses: list[dict[str, np.ndarray] | None] = [None] * len(requests)
+        encoded: dict[int, list[Any]] = {}
+        for n, req in enumerate(requests):
+            try:
+                encoded[n] = encode_request(predictor, req)
+            except Exception as e:
+                responses[n] = _failure(e)
+        try:
+            outs = predictor.predict([r for rs in encoded.values() for r in rs]) if encoded else []
+        except Exception:
+            log.warning("batched call of %d requests failed; re-running them one by one", len(encoded))
+            outs = None
+        i = 0
+        for n, rows in encoded.items():
+            if outs is not None:
+                responses[n] = stack_outputs(predictor.task, outs[i : i + len(rows)])
+                i += len(rows)
+                continue
+            try:
+                responses[n] = stack_outputs(predictor.task, predictor.predict(rows))
+            except Exception as e:
+                responses[n] = _failure(e)
+        return [r for r in responses if r is not None]
 
     return infer
 
@@ -133,6 +215,7 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
     The caller stops it with `.stop()` or blocks in `.serve()`.
     """
     ensure_libpython()
+    patch_proxy()
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     tc = TritonConfig(
@@ -158,7 +241,7 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
                 inputs=tensors(spec.inputs),
                 outputs=tensors(spec.outputs),
                 config=model_config(cfg),
-                strict=True,
+                strict=False,  # an error response carries ERROR_OUTPUT, which no model declares
             )
         triton.run()
     except Exception:

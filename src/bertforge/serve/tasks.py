@@ -218,9 +218,11 @@ class Predictor:
         limits: Limits | None = None,
         precision: str = "fp32",
         device: str = "cpu",
+        fit_seq_len: bool = False,
     ) -> Predictor:
         """The model of a Hugging Face directory on `device` (a `bertforge.device.resolve_device` spec: auto, cpu,
-        cuda[:N], ...)."""
+        cuda[:N], ...). `fit_seq_len`: lower `limits.max_seq_len` to the model's positions when it has fewer
+        (`bertforge serve` without `--max-seq-len`)."""
         from bertforge.model.hf_interop import load_pretrained
 
         if task not in TASKS:
@@ -237,14 +239,18 @@ class Predictor:
         model.to(dev.resolve_device(device))
         if task == "classify" and labels is None:
             labels = [f"LABEL_{i}" for i in range(num_labels)]
+        # RoBERTa's positions start after its padding index
+        positions = config.max_position_embeddings - (config.pad_token_id + 1 if config.model_type == "roberta" else 0)
+        limits = limits or Limits()
+        if fit_seq_len and limits.max_seq_len > positions:
+            limits = dataclasses.replace(limits, max_seq_len=positions)
         return cls(
             task,
             model,
             load_tokenizer(model_dir),
-            limits or Limits(),
+            limits,
             labels,
-            max_positions=config.max_position_embeddings
-            - (config.pad_token_id + 1 if config.model_type == "roberta" else 0),
+            max_positions=positions,
             type_vocab_size=config.type_vocab_size,
             precision=precision,
         )
@@ -288,14 +294,22 @@ class Predictor:
         warm-up the first client waits for it, and a load generator's first window records no request at all.
         """
         n = self.limits.max_seq_len
-        if self.task == "fill-mask":  # longer text is refused, so stay under the limit whatever the tokenizer does
-            req = {"text": [" ".join(["word"] * (n // 4)) + f" {self.mask_token}"] * rows}
+        # a small vocab splits "word" into several pieces: count them, so the text fills exactly what is asked
+        pieces = max(1, len(self.tok.encode("word", add_special_tokens=False).ids))
+
+        def words(tokens: int) -> str:
+            return " ".join(["word"] * max(1, tokens // pieces))
+
+        if self.task == "fill-mask":  # longer text is refused: [CLS] words [MASK] [SEP]
+            req = {"text": [f"{words(n - 3)} {self.mask_token}"] * rows}
         elif self.task == "qa":  # one full window per row: [CLS] question [SEP] context [SEP]
             q = "which word?"
-            fill = n - 3 - len(self.tok.encode(q, add_special_tokens=False).ids)
-            req = {"question": [q] * rows, "context": [" ".join(["word"] * fill)] * rows}
+            req = {
+                "question": [q] * rows,
+                "context": [words(n - 3 - len(self.tok.encode(q, add_special_tokens=False).ids))] * rows,
+            }
         else:
-            req = {"text": [" ".join(["word"] * n)] * rows}  # cut to max_seq_len
+            req = {"text": [words(n)] * rows}  # cut to max_seq_len
         self.predict(self.encode(req))
 
     def __call__(self, inputs: dict[str, list[str]]) -> dict[str, np.ndarray]:
