@@ -52,13 +52,7 @@ def _guess_lowercase(path: Path, vocab: dict[str, int]) -> bool:
 
 def wordpiece_from_vocab(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
     """A BERT WordPiece tokenizer (normalizer, pre-tokenizer, model, post-processor) over `vocab`."""
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-    # BertNormalizer: clean control chars, split CJK chars, lower-case + strip accents when uncased (Google BERT)
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
-    )
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
+    tok = _bert_wordpiece(lowercase, vocab)
     if "[CLS]" in vocab and "[SEP]" in vocab:
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]",
@@ -196,6 +190,38 @@ def iter_document_lines(paths: Iterable[Path]) -> Iterator[str]:
                     yield line
 
 
+def _continuation_symbols(tok: Tokenizer, paths: list[Path]) -> list[str]:
+    """The "##c" symbols of every character that continues a word in the corpus, sorted; [] when it has no words.
+
+    The trainer numbers these symbols in the order it meets them while iterating a Rust HashMap of words, which
+    is seeded at random per process, and breaks ties between equally frequent merges by symbol id: so the same
+    corpus gave different vocabs (different tokens, not only a different order). Handing them to the trainer
+    as fixed tokens in a sorted order makes every id, and so every tie, the same on every run.
+    """
+    assert tok.normalizer is not None and tok.pre_tokenizer is not None
+    chars: set[str] = set()
+    words = 0
+    for line in iter_document_lines(paths):
+        pieces = tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(line))
+        words += len(pieces)
+        for word, _ in pieces:
+            chars.update(word[1:])
+    if not words:
+        return []
+    return ["##" + c for c in sorted(chars)]
+
+
+def _bert_wordpiece(lowercase: bool, vocab: dict[str, int] | None = None) -> Tokenizer:
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    # BertNormalizer: clean control chars, split CJK chars, lower-case + strip accents when uncased (Google BERT)
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
 def train_wordpiece(
     files: Iterable[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -204,28 +230,33 @@ def train_wordpiece(
     unused_tokens: int = 0,
     min_frequency: int = 2,
 ) -> Tokenizer:
-    """Train a BERT WordPiece vocab on text files (one sentence per line) and save it to `out_dir`."""
+    """Train a BERT WordPiece vocab on text files (one sentence per line) and save it to `out_dir`.
+
+    The same files and settings give byte-identical vocab.txt and tokenizer.json (see _continuation_symbols).
+    """
     paths = [Path(f) for f in files]
     if not paths:
         raise UserError("no document files to train a vocab on; run `bertforge data docs` or `data wiki` first")
     specials = ["[PAD]"] + [f"[unused{i}]" for i in range(unused_tokens)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     if vocab_size <= len(specials) + 26:
         raise UserError(f"vocab_size {vocab_size} is too small for {len(specials)} special tokens plus an alphabet")
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
-    )
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
+    tok = _bert_wordpiece(lowercase)
+    continuations = _continuation_symbols(tok, paths)
+    if not continuations:
+        shown = ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        raise UserError(f"no text to train a vocab on in {shown} (no words); give documents with text")
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=specials,
+        special_tokens=specials + continuations,
         continuing_subword_prefix="##",
         show_progress=False,
     )
     tok.train_from_iterator(iter_document_lines(paths), trainer=trainer)
+    # rebuild from the vocab alone: the "##c" symbols were fixed tokens for the trainer, not special tokens
     vocab = tok.get_vocab()
+    tok = _bert_wordpiece(lowercase, vocab)
+    tok.add_special_tokens(specials)
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
