@@ -8,6 +8,7 @@ and NVIDIA read) and `tokenizer.json` (what `tokenizers`/`transformers` load, no
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -197,18 +198,63 @@ def _continuation_symbols(tok: Tokenizer, paths: list[Path]) -> list[str]:
     is seeded at random per process, and breaks ties between equally frequent merges by symbol id: so the same
     corpus gave different vocabs (different tokens, not only a different order). Handing them to the trainer
     as fixed tokens in a sorted order makes every id, and so every tie, the same on every run.
+
+    BertNormalizer maps each character on its own, so the raw text's characters and their neighbours say it
+    all without normalizing the corpus (which alone would take longer than the training).
     """
+    roles: dict[str, _CharRole] = {}
+    found: set[str] = set()
+    words = False
+    for chunk in _line_chunks(iter_document_lines(paths)):
+        for ch in set(chunk) - roles.keys():
+            roles[ch] = _char_role(tok, ch)
+        found.update(*(roles[ch].inner for ch in set(chunk)))
+        words = words or any(roles[ch].word for ch in set(chunk))
+        codes = np.frombuffer(chunk.encode("utf-32-le"), dtype=np.uint32)
+        codes = codes[~np.isin(codes, _codes(roles, "vanishes"))]  # (n,) what the normalizer keeps
+        joined = np.isin(codes[:-1], _codes(roles, "joins_right")) & np.isin(codes[1:], _codes(roles, "joins_left"))
+        for c in np.unique(codes[1:][joined]).tolist():
+            found.update(roles[chr(c)].first)
+    return ["##" + c for c in sorted(found)] if words else []
+
+
+@dataclasses.dataclass(frozen=True)
+class _CharRole:
+    """What one raw character becomes in a word: its normalized form n, split by the pre-tokenizer."""
+
+    vanishes: bool  # n == "" (control characters, combining accents when uncased)
+    joins_left: bool  # n's first character joins a word character before it
+    joins_right: bool  # n's last character joins a word character after it
+    first: str  # what continues a word when it joins one on its left: n's first character
+    inner: str  # what continues a word wherever it stands: every non-first character of n's pieces
+    word: bool  # n holds a word character at all
+
+
+def _char_role(tok: Tokenizer, ch: str) -> _CharRole:
     assert tok.normalizer is not None and tok.pre_tokenizer is not None
-    chars: set[str] = set()
-    words = 0
-    for line in iter_document_lines(paths):
-        pieces = tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(line))
-        words += len(pieces)
-        for word, _ in pieces:
-            chars.update(word[1:])
-    if not words:
-        return []
-    return ["##" + c for c in sorted(chars)]
+    n = tok.normalizer.normalize_str(ch)
+    pieces = [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(n)]
+    left = bool(n) and [w for w, _ in tok.pre_tokenizer.pre_tokenize_str("a" + n)][0] != "a"
+    right = bool(n) and [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(n + "a")][-1] != "a"
+    return _CharRole(not n, left, right, n[0] if left else "", "".join(w[1:] for w in pieces), bool(pieces))
+
+
+def _codes(roles: dict[str, _CharRole], flag: str) -> np.ndarray:
+    return np.array([ord(c) for c, r in roles.items() if getattr(r, flag)], dtype=np.uint32)
+
+
+def _line_chunks(lines: Iterable[str], size: int = 1 << 20) -> Iterator[str]:
+    """Lines joined into chunks of about `size` characters (they end in a newline, so no word spans two)."""
+    buf: list[str] = []
+    n = 0
+    for line in lines:
+        buf.append(line if line.endswith("\n") else line + "\n")
+        n += len(line)
+        if n >= size:
+            yield "".join(buf)
+            buf, n = [], 0
+    if buf:
+        yield "".join(buf)
 
 
 def _bert_wordpiece(lowercase: bool, vocab: dict[str, int] | None = None) -> Tokenizer:
