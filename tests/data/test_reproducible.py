@@ -85,3 +85,21 @@ def test_prepare_is_byte_identical(tmp_path, tiny_corpus):
     assert sum(k.endswith(".hdf5") for k in runs[0]) == 3, sorted(runs[0])
     differ = [k for k in runs[0] if runs[0][k] != runs[1][k]]
     assert not differ
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--eval-fraction", "0.1"], "--eval-fraction 0.1 is ignored without --eval-out: add --eval-out DIR"),
+        (["--eval-out", "EVAL"], "gets nothing without --eval-fraction"),
+    ],
+)
+def test_shards_eval_options_need_each_other(tmp_path, tiny_corpus, capsys, extra, message):
+    from bertforge.cli import main
+
+    train_wordpiece([tiny_corpus], tmp_path / "v", vocab_size=200)
+    extra = [str(tmp_path / "eval") if a == "EVAL" else a for a in extra]
+    argv = ["data", "shards", "--docs", str(tiny_corpus), "--vocab", str(tmp_path / "v"), "--out", str(tmp_path / "s")]
+    assert main([*argv, "--shards", "1", "--dupe-factor", "1", "--workers", "1", *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
