@@ -147,3 +147,12 @@ def test_squad_keys_on_a_glue_task_are_named(tmp_path, capsys):
     assert "task.max_query_len=32 apply to SQuAD only; --task mrpc ignores them" in err
     main([*argv, "--output-dir", str(tmp_path / "o2")])
     assert "SQuAD only" not in capsys.readouterr().err
+
+
+def test_question_length_is_checked_for_squad_only(tmp_path, capsys):
+    base = ["finetune", "--model", str(tmp_path / "no-model"), "--dev-file", "d", "--output-dir", str(tmp_path / "o")]
+    # GLUE at 64 tokens: no word about the SQuAD question length (the run fails later, on the missing model)
+    assert main([*base, "--task", "mrpc", "--train-file", "t.tsv", "--set", "task.max_seq_len=64"]) == 2
+    assert "max_query_len" not in capsys.readouterr().err
+    assert main([*base, "--task", "squad", "--train-file", "t.json", "--set", "task.max_query_len=400"]) == 2
+    assert "task.max_query_len 400 leaves no room for context in task.max_seq_len 384" in capsys.readouterr().err

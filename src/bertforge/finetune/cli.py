@@ -57,7 +57,9 @@ def finetune_run(args: argparse.Namespace) -> int:
             raise UserError("--glue-dir is for GLUE tasks; SQuAD takes --train-file/--dev-file")
         t, d = glue.default_files(args.task, args.glue_dir)
         train, devs = train or str(t), devs or [str(x) for x in d]
-    if args.task not in SQUAD_TASKS:
+    if args.task in SQUAD_TASKS:
+        cfg.task.validate_squad()
+    else:
         _warn_squad_keys(args.task, cfg.task)
     run = FinetuneRun(args.task, args.model, train, devs, args.dataset, args.eval_only)
     summary = run_finetune(run, cfg)
