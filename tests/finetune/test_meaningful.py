@@ -75,6 +75,8 @@ def test_mismatched_training_answers_are_skipped_and_counted(word_tokenizer):
     # evaluation keeps every question (the metric reads the answer texts only)
     assert len(squad.make_features([good, shifted], word_tokenizer, 32, 8, 8, log=lines.append)) == 2
     assert len(lines) == 1
+    with pytest.raises(UserError, match="none of the 2 training answers matches"):
+        squad.make_features([shifted, past_end], word_tokenizer, 32, 8, 8, training=True, log=None)
 
 
 def _broken(path_fn):

@@ -194,6 +194,23 @@ def _trimmed_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarra
     return out
 
 
+def _wrong_answers(examples: Sequence[SquadExample], log: Callable[[str], None] | None) -> set[int]:
+    """Indices of the training examples whose answer is not at its answer_start, counted in one line to `log`."""
+    answerable = [i for i, ex in enumerate(examples) if ex.answers and not ex.is_impossible]
+    wrong = {i for i in answerable if not answer_matches(examples[i])}
+    if wrong and log is not None:
+        log(
+            f"warning: skipped {len(wrong)} of {len(answerable)} training answers whose answer_start does not "
+            f"match the context (first: question {examples[min(wrong)].qid!r})"
+        )
+    if wrong and len(wrong) == len(examples):
+        raise UserError(
+            f"none of the {len(examples)} training answers matches its context at its answer_start; is "
+            "--train-file a SQuAD file whose offsets count characters of the context?"
+        )
+    return wrong
+
+
 def make_features(
     examples: Sequence[SquadExample],
     tokenizer,
@@ -217,13 +234,7 @@ def make_features(
     starts: list[int] = []
     ends: list[int] = []
     trimmed: dict[str, np.ndarray] = {}
-    answerable = [i for i, ex in enumerate(examples) if training and ex.answers and not ex.is_impossible]
-    wrong = {i for i in answerable if not answer_matches(examples[i])}
-    if wrong and log is not None:
-        log(
-            f"warning: skipped {len(wrong)} of {len(answerable)} training answers whose answer_start does not "
-            f"match the context (first: question {examples[min(wrong)].qid!r})"
-        )
+    wrong = _wrong_answers(examples, log) if training else set()
     for i, ex in enumerate(examples):
         if i in wrong:
             continue
