@@ -296,10 +296,11 @@ def params_hash(params: ShardsConfig, vocab_sha: str, docs_sig: str) -> str:
 
 
 def _docs_signature(files: Sequence[Path]) -> str:
+    """A hash of the documents' names and bytes, not their paths or mtimes: it is stored in every shard, and
+    `data prepare` run again from scratch (new document files, same text) must write the same bytes."""
     h = hashlib.sha256()
     for f in files:
-        st = f.stat()
-        h.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        h.update(f"{f.name}:{shardio.file_sha256(f)}\n".encode())
     return h.hexdigest()[:16]
 
 

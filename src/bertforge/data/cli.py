@@ -101,6 +101,8 @@ def data_run(args: argparse.Namespace) -> int:
         from bertforge.data.build import run_shards
         from bertforge.data.config import ShardsConfig
 
+        _check_eval_options(args.eval_fraction, args.eval_out)
+
         params = ShardsConfig(
             seq_len=args.seq_len,
             max_pred=args.max_pred,
@@ -111,7 +113,7 @@ def data_run(args: argparse.Namespace) -> int:
             seed=args.seed,
             wwm=args.wwm,
             dynamic_masking=args.dynamic_masking,
-            eval_fraction=args.eval_fraction if args.eval_out else 0.0,
+            eval_fraction=args.eval_fraction,
             eval_shards=args.eval_shards,
             workers=args.workers,
         )
@@ -127,6 +129,20 @@ def data_run(args: argparse.Namespace) -> int:
 
         return run_inspect(args.paths, args.json, args.plot)
     return 0
+
+
+def _check_eval_options(eval_fraction: float, eval_out: str | None) -> None:
+    """Each of --eval-fraction and --eval-out does nothing without the other: refuse rather than ignore one."""
+    if eval_fraction > 0 and not eval_out:
+        raise UserError(
+            f"--eval-fraction {eval_fraction} is ignored without --eval-out: add --eval-out DIR for the held-out "
+            "eval shards, or drop --eval-fraction"
+        )
+    if eval_out and eval_fraction <= 0:
+        raise UserError(
+            f"--eval-out {eval_out} gets nothing without --eval-fraction: add e.g. --eval-fraction 0.01, or drop "
+            "--eval-out"
+        )
 
 
 def run_vocab(

@@ -8,6 +8,7 @@ and NVIDIA read) and `tokenizer.json` (what `tokenizers`/`transformers` load, no
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -52,13 +53,7 @@ def _guess_lowercase(path: Path, vocab: dict[str, int]) -> bool:
 
 def wordpiece_from_vocab(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
     """A BERT WordPiece tokenizer (normalizer, pre-tokenizer, model, post-processor) over `vocab`."""
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-    # BertNormalizer: clean control chars, split CJK chars, lower-case + strip accents when uncased (Google BERT)
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
-    )
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
+    tok = _bert_wordpiece(lowercase, vocab)
     # registered as special, "[MASK]" in a text stays one token (else: "[", "mask", "]"), as in Hugging Face's BERT
     tok.add_special_tokens([t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if t in vocab])
     if "[CLS]" in vocab and "[SEP]" in vocab:
@@ -198,6 +193,83 @@ def iter_document_lines(paths: Iterable[Path]) -> Iterator[str]:
                     yield line
 
 
+def _continuation_symbols(tok: Tokenizer, paths: list[Path]) -> list[str]:
+    """The "##c" symbols of every character that continues a word in the corpus, sorted; [] when it has no words.
+
+    The trainer numbers these symbols in the order it meets them while iterating a Rust HashMap of words, which
+    is seeded at random per process, and breaks ties between equally frequent merges by symbol id: so the same
+    corpus gave different vocabs (different tokens, not only a different order). Handing them to the trainer
+    as fixed tokens in a sorted order makes every id, and so every tie, the same on every run.
+
+    BertNormalizer maps each character on its own, so the raw text's characters and their neighbours say it
+    all without normalizing the corpus (which alone would take longer than the training).
+    """
+    roles: dict[str, _CharRole] = {}
+    found: set[str] = set()
+    words = False
+    for chunk in _line_chunks(iter_document_lines(paths)):
+        for ch in set(chunk) - roles.keys():
+            roles[ch] = _char_role(tok, ch)
+        found.update(*(roles[ch].inner for ch in set(chunk)))
+        words = words or any(roles[ch].word for ch in set(chunk))
+        codes = np.frombuffer(chunk.encode("utf-32-le"), dtype=np.uint32)
+        codes = codes[~np.isin(codes, _codes(roles, "vanishes"))]  # (n,) what the normalizer keeps
+        joined = np.isin(codes[:-1], _codes(roles, "joins_right")) & np.isin(codes[1:], _codes(roles, "joins_left"))
+        for c in np.unique(codes[1:][joined]).tolist():
+            found.update(roles[chr(c)].first)
+    return ["##" + c for c in sorted(found)] if words else []
+
+
+@dataclasses.dataclass(frozen=True)
+class _CharRole:
+    """What one raw character becomes in a word: its normalized form n, split by the pre-tokenizer."""
+
+    vanishes: bool  # n == "" (control characters, combining accents when uncased)
+    joins_left: bool  # n's first character joins a word character before it
+    joins_right: bool  # n's last character joins a word character after it
+    first: str  # what continues a word when it joins one on its left: n's first character
+    inner: str  # what continues a word wherever it stands: every non-first character of n's pieces
+    word: bool  # n holds a word character at all
+
+
+def _char_role(tok: Tokenizer, ch: str) -> _CharRole:
+    assert tok.normalizer is not None and tok.pre_tokenizer is not None
+    n = tok.normalizer.normalize_str(ch)
+    pieces = [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(n)]
+    left = bool(n) and [w for w, _ in tok.pre_tokenizer.pre_tokenize_str("a" + n)][0] != "a"
+    right = bool(n) and [w for w, _ in tok.pre_tokenizer.pre_tokenize_str(n + "a")][-1] != "a"
+    return _CharRole(not n, left, right, n[0] if left else "", "".join(w[1:] for w in pieces), bool(pieces))
+
+
+def _codes(roles: dict[str, _CharRole], flag: str) -> np.ndarray:
+    return np.array([ord(c) for c, r in roles.items() if getattr(r, flag)], dtype=np.uint32)
+
+
+def _line_chunks(lines: Iterable[str], size: int = 1 << 20) -> Iterator[str]:
+    """Lines joined into chunks of about `size` characters (they end in a newline, so no word spans two)."""
+    buf: list[str] = []
+    n = 0
+    for line in lines:
+        buf.append(line if line.endswith("\n") else line + "\n")
+        n += len(line)
+        if n >= size:
+            yield "".join(buf)
+            buf, n = [], 0
+    if buf:
+        yield "".join(buf)
+
+
+def _bert_wordpiece(lowercase: bool, vocab: dict[str, int] | None = None) -> Tokenizer:
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    # BertNormalizer: clean control chars, split CJK chars, lower-case + strip accents when uncased (Google BERT)
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
 def train_wordpiece(
     files: Iterable[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -206,28 +278,33 @@ def train_wordpiece(
     unused_tokens: int = 0,
     min_frequency: int = 2,
 ) -> Tokenizer:
-    """Train a BERT WordPiece vocab on text files (one sentence per line) and save it to `out_dir`."""
+    """Train a BERT WordPiece vocab on text files (one sentence per line) and save it to `out_dir`.
+
+    The same files and settings give byte-identical vocab.txt and tokenizer.json (see _continuation_symbols).
+    """
     paths = [Path(f) for f in files]
     if not paths:
         raise UserError("no document files to train a vocab on; run `bertforge data docs` or `data wiki` first")
     specials = ["[PAD]"] + [f"[unused{i}]" for i in range(unused_tokens)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     if vocab_size <= len(specials) + 26:
         raise UserError(f"vocab_size {vocab_size} is too small for {len(specials)} special tokens plus an alphabet")
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
-    )
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
+    tok = _bert_wordpiece(lowercase)
+    continuations = _continuation_symbols(tok, paths)
+    if not continuations:
+        shown = ", ".join(str(p) for p in paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        raise UserError(f"no text to train a vocab on in {shown} (no words); give documents with text")
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=specials,
+        special_tokens=specials + continuations,
         continuing_subword_prefix="##",
         show_progress=False,
     )
     tok.train_from_iterator(iter_document_lines(paths), trainer=trainer)
+    # rebuild from the vocab alone: the "##c" symbols were fixed tokens for the trainer, not special tokens
     vocab = tok.get_vocab()
+    tok = _bert_wordpiece(lowercase, vocab)
+    tok.add_special_tokens(specials)
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",

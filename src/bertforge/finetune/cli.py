@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -56,11 +57,30 @@ def finetune_run(args: argparse.Namespace) -> int:
             raise UserError("--glue-dir is for GLUE tasks; SQuAD takes --train-file/--dev-file")
         t, d = glue.default_files(args.task, args.glue_dir)
         train, devs = train or str(t), devs or [str(x) for x in d]
+    if args.task in SQUAD_TASKS:
+        cfg.task.validate_squad()
+    else:
+        _warn_squad_keys(args.task, cfg.task)
     run = FinetuneRun(args.task, args.model, train, devs, args.dataset, args.eval_only)
     summary = run_finetune(run, cfg)
     best = {k: v for k, v in summary["best"].items() if isinstance(v, (int, float))}
     print(json.dumps({"best": best, "output_dir": cfg.train.output_dir}))
     return 0
+
+
+def _warn_squad_keys(task: str, given) -> None:
+    """A GLUE task ignores the SQuAD keys: say so when one differs from its default (the config does not record
+    whether the user set a key, so an explicit default passes unnoticed)."""
+    from bertforge.finetune.config import TaskConfig
+
+    defaults = TaskConfig()
+    keys = [
+        f"task.{k}={getattr(given, k)}"
+        for k in ("max_query_len", "doc_stride", "n_best", "max_answer_len", "null_score_diff_threshold")
+        if getattr(given, k) != getattr(defaults, k)
+    ]
+    if keys:
+        print(f"warning: {', '.join(keys)} apply to SQuAD only; --task {task} ignores them", file=sys.stderr)
 
 
 def score_add(p: argparse.ArgumentParser) -> None:
@@ -86,25 +106,35 @@ def _read_json(path: str, what: str):
         raise UserError(f"{what} file {path} is not valid JSON: {e}") from None
 
 
+def _read_na_probs(path: str) -> dict[str, float]:
+    """--na-probs: question id -> a finite number; else one line naming the file and the question."""
+    raw = _read_json(path, "--na-probs")
+    if not isinstance(raw, dict):
+        raise UserError(f"--na-probs {path}: expected a JSON object of question id -> no-answer score")
+    for qid, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise UserError(f"--na-probs {path}: the score of question {qid!r} is {v!r:.40}, not a number")
+    return {qid: float(v) for qid, v in raw.items()}
+
+
 def score_run(args: argparse.Namespace) -> int:
     from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
+    from bertforge.finetune.squad import read_squad
 
-    raw = _read_json(args.data, "--data")
-    if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
-        raise UserError(f"--data {args.data}: not a SQuAD file (expected an object with a 'data' list)")
+    _, data = read_squad(args.data, scoring=True)  # checks every field the metric reads
     preds = _read_json(args.predictions, "--predictions")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
         raise UserError(f"--predictions {args.predictions}: expected a JSON object of question id -> answer text")
     if args.task == "squad":
-        out = squad_v1_scores(raw["data"], preds)
+        out = squad_v1_scores(data, preds)
         if out["missing"]:
             print(
                 f"warning: {out['missing']} of {out['total']} questions have no prediction (scored 0)", file=sys.stderr
             )
         shown = {"exact_match": out["exact_match"], "f1": out["f1"]}  # what evaluate-v1.1.py prints
     else:
-        na = _read_json(args.na_probs, "--na-probs") if args.na_probs else None
-        out = squad_v2_scores(raw["data"], preds, na, args.na_prob_thresh)
+        na = _read_na_probs(args.na_probs) if args.na_probs else None
+        out = squad_v2_scores(data, preds, na, args.na_prob_thresh)
         if out["missing"]:
             print(f"warning: {out['missing']} questions have no prediction (scored 0)", file=sys.stderr)
         shown = {k: v for k, v in out.items() if k != "missing"}

@@ -124,13 +124,16 @@ class TaskConfig:
     def validate(self) -> None:
         if self.max_seq_len < 8:
             raise ConfigError(f"task.max_seq_len must be at least 8, got {self.max_seq_len}")
+        if self.doc_stride < 1 or self.n_best < 1 or self.max_answer_len < 1:
+            raise ConfigError("task.doc_stride, task.n_best and task.max_answer_len must be >= 1")
+
+    def validate_squad(self) -> None:
+        """The SQuAD-only checks, for a SQuAD task (a GLUE task at max_seq_len 64 must not fail on them)."""
         if self.max_query_len + 4 >= self.max_seq_len:
             raise ConfigError(
                 f"task.max_query_len {self.max_query_len} leaves no room for context in "
                 f"task.max_seq_len {self.max_seq_len}; lower max_query_len or raise max_seq_len"
             )
-        if self.doc_stride < 1 or self.n_best < 1 or self.max_answer_len < 1:
-            raise ConfigError("task.doc_stride, task.n_best and task.max_answer_len must be >= 1")
 
 
 # the flat keys of configs written before the sections -> their new place

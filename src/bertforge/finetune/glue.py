@@ -129,6 +129,9 @@ def read_tsv(path: str | Path, spec: TaskSpec) -> GlueExamples:
                 )
             labels.append(spec.labels.index(raw))
         texts.append(tuple(cols[c] for c in spec.text_cols))
+    if not texts:
+        shape = "only a header" if lines else "empty"
+        raise UserError(f"GLUE file {path} has no examples ({shape}); give the task's train.tsv/dev.tsv with rows")
     return GlueExamples(texts, labels, str(path))
 
 

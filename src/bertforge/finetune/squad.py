@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,26 +44,66 @@ class SquadExample:
     is_impossible: bool = False
 
 
-def read_squad(path: str | Path) -> tuple[list[SquadExample], list[dict[str, Any]]]:
-    """Examples of a SQuAD JSON file and its raw `data` list (what the official metric reads)."""
+def read_squad(path: str | Path, scoring: bool = False) -> tuple[list[SquadExample], list[dict[str, Any]]]:
+    """Examples of a SQuAD JSON file and its raw `data` list (what the official metric reads).
+
+    A file that is not SQuAD's shape (a missing key, a non-integer `answer_start`, no questions at all) is a
+    UserError naming the file and the field, so the metric and the feature builder can index it freely.
+    `scoring`: only what the official metric reads is required (ids and answer texts), as its scripts do;
+    a `question`, `context` or `answer_start` that is there must still have its type.
+    """
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        data = raw["data"]
     except FileNotFoundError:
         raise UserError(f"SQuAD file {path} does not exist") from None
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise UserError(f"{path} is not a SQuAD JSON file (expected {{'data': [...]}}): {e}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"SQuAD file {path} is not valid JSON: {e}") from None
+    data = _field(raw, "data", list, path, "the top level")
     examples = []
-    for article in data:
-        for para in article["paragraphs"]:
-            context = para["context"]
-            for qa in para["qas"]:
-                answers = [(a["text"], int(a["answer_start"])) for a in qa.get("answers", [])]
-                examples.append(
-                    SquadExample(qa["id"], qa["question"], context, answers, bool(qa.get("is_impossible", False)))
-                )
+    for a, article in enumerate(data):
+        for p, para in enumerate(_field(article, "paragraphs", list, path, f"data[{a}]")):
+            where = f"data[{a}].paragraphs[{p}]"
+            context = _field(para, "context", str, path, where, "" if scoring else None)
+            for q, qa in enumerate(_field(para, "qas", list, path, where)):
+                wq = f"{where}.qas[{q}]"
+                qid = _field(qa, "id", str, path, wq)
+                question = _field(qa, "question", str, path, wq, "" if scoring else None)
+                answers = [
+                    (
+                        _field(x, "text", str, path, f"{wq}.answers[{k}]"),
+                        _field(x, "answer_start", int, path, f"{wq}.answers[{k}]", 0 if scoring else None),
+                    )
+                    for k, x in enumerate(_field(qa, "answers", list, path, wq, []))
+                ]
+                examples.append(SquadExample(qid, question, context, answers, bool(qa.get("is_impossible", False))))
+    if not examples:
+        raise UserError(f"SQuAD file {path} holds no questions (no data[].paragraphs[].qas[]); is it the right file?")
     return examples, data
+
+
+def _field(obj: Any, key: str, kind: type, path: Path, where: str, default: Any = None) -> Any:
+    """obj[key], checked to be a `kind` (and an offset >= 0); else a one-line error naming the file and the
+    field. A missing key gives `default` when there is one."""
+    if not isinstance(obj, dict):
+        raise UserError(f"SQuAD file {path}: {where} is {obj!r:.60}, not an object (not a SQuAD JSON file?)")
+    if key not in obj and default is not None:
+        return default
+    if key not in obj:
+        raise UserError(f"SQuAD file {path}: {where} has no {key!r} (not a SQuAD v1.1/v2.0 JSON file?)")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
+        kind_name = {list: "a list", str: "a string", int: "a character offset (an integer >= 0)"}[kind]
+        raise UserError(f"SQuAD file {path}: {where}.{key} is {value!r:.60}, not {kind_name}")
+    return value
+
+
+def answer_matches(ex: SquadExample) -> bool:
+    """Whether the first answer's text is what its `answer_start` points at in the context (up to whitespace):
+    run_squad.py's "Could not find answer" check, which skips the example rather than train a wrong span."""
+    text, start = ex.answers[0]
+    found = ex.context[start : start + len(text)]
+    return bool(text.strip()) and start + len(text) <= len(ex.context) and found.split() == text.split()
 
 
 @dataclasses.dataclass
@@ -154,6 +194,23 @@ def _trimmed_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarra
     return out
 
 
+def _wrong_answers(examples: Sequence[SquadExample], log: Callable[[str], None] | None) -> set[int]:
+    """Indices of the training examples whose answer is not at its answer_start, counted in one line to `log`."""
+    answerable = [i for i, ex in enumerate(examples) if ex.answers and not ex.is_impossible]
+    wrong = {i for i in answerable if not answer_matches(examples[i])}
+    if wrong and log is not None:
+        log(
+            f"warning: skipped {len(wrong)} of {len(answerable)} training answers whose answer_start does not "
+            f"match the context (first: question {examples[min(wrong)].qid!r})"
+        )
+    if wrong and len(wrong) == len(examples):
+        raise UserError(
+            f"none of the {len(examples)} training answers matches its context at its answer_start; is "
+            "--train-file a SQuAD file whose offsets count characters of the context?"
+        )
+    return wrong
+
+
 def make_features(
     examples: Sequence[SquadExample],
     tokenizer,
@@ -161,7 +218,10 @@ def make_features(
     doc_stride: int = 128,
     max_query_len: int = 64,
     training: bool = False,
+    log: Callable[[str], None] | None = print,
 ) -> SquadFeatures:
+    """Windowed features of `examples`; with `training`, answers whose text is not at their answer_start are
+    skipped (their questions get no features) and counted in one line to `log`."""
     sp = specials_for(tokenizer)
     contexts = _encode_unique(tokenizer, [e.context for e in examples])
     questions = _encode_unique(tokenizer, [e.question for e in examples])
@@ -174,7 +234,10 @@ def make_features(
     starts: list[int] = []
     ends: list[int] = []
     trimmed: dict[str, np.ndarray] = {}
+    wrong = _wrong_answers(examples, log) if training else set()
     for i, ex in enumerate(examples):
+        if i in wrong:
+            continue
         q_ids = questions[ex.question].ids[:max_query_len]
         c_enc = contexts[ex.context]
         c_ids = np.asarray(c_enc.ids, dtype=np.int64)
