@@ -14,6 +14,8 @@ installed from the main thread; elsewhere (a loop run from a worker thread) the 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 from types import FrameType
@@ -58,11 +60,11 @@ class Preemption:
             signal.raise_signal(signum)
             return
         self.signum = signum
-        print(
-            f"received {signal.Signals(signum).name}: stopping at the next step boundary "
-            "(send it again to stop at once, without saving)",
-            flush=True,
-        )
+        # os.write, not print: the signal may arrive while the loop is inside a print to the same stream, and a
+        # buffered stream refuses a reentrant write
+        note = f"received {signal.Signals(signum).name}: stopping at the next step boundary (again: at once)\n"
+        with contextlib.suppress(OSError):
+            os.write(2, note.encode())
 
     def agreed(self, device: torch.device) -> bool:
         """Whether any rank received a signal (an all-reduce under torchrun: every rank stops at the same
