@@ -67,7 +67,10 @@ def finetune_run(args: argparse.Namespace) -> int:
     try:
         summary = run_finetune(run, cfg)
     except Preempted as e:
-        print(f"bertforge finetune: {e}", file=sys.stderr, flush=True)
+        from bertforge.runtime.distributed import env_info
+
+        if env_info().is_main:  # every rank stopped at the same update; one line says so
+            print(f"bertforge finetune: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     best = {k: v for k, v in summary["best"].items() if isinstance(v, (int, float))}
     print(json.dumps({"best": best, "output_dir": cfg.train.output_dir}))
