@@ -71,3 +71,38 @@ def test_export_cli(head_models, tmp_path, capsys):
     assert "max |diff|" in capsys.readouterr().out
     assert main(["export", "--model", str(tmp_path / "missing"), "--format", "hf", "--out", str(tmp_path / "h")]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def _export(model, out, *extra):
+    return main(["export", "--model", str(model), "--format", "hf", "--out", str(out), *extra])
+
+
+def test_export_never_replaces_what_is_not_ours(head_models, tmp_path, capsys, monkeypatch):
+    model = head_models["classify"]
+    # a directory of the user's, and a regular file: refused, untouched
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    afile = tmp_path / "afile"
+    afile.write_text("keep me too")
+    for out in (mine, afile):
+        assert _export(model, out) == 2
+        err = capsys.readouterr().err
+        assert str(out) in err and "--force" in err and len(err.strip().splitlines()) == 1
+    assert (mine / "notes.txt").read_text() == "keep me" and afile.read_text() == "keep me too"
+    # the current directory, the model directory and its parents: refused even with --force, no traceback
+    monkeypatch.chdir(tmp_path)
+    for out, extra in ((".", ()), (".", ("--force",)), (model, ("--force",)), (model.parent, ("--force",))):
+        assert _export(model, out, *extra) == 2
+        err = capsys.readouterr().err
+        assert "error:" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert (model / "config.json").is_file() and (tmp_path / "mine").is_dir()
+    # an empty directory, an earlier export of ours (also into another format), and --force are accepted
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _export(model, empty) == 0
+    marker = json.loads((empty / export.MARKER).read_text())
+    assert marker["format"] == "hf" and marker["task"] == "classification"
+    assert _export(model, empty) == 0
+    assert _export(model, mine, "--force") == 0 and not (mine / "notes.txt").exists()
+    assert _export(model, afile, "--force") == 0 and (afile / "config.json").is_file()

@@ -41,12 +41,19 @@ def finetune_add(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--output-dir", help="shortcut for --set train.output_dir=DIR")
     p.add_argument("--eval-only", action="store_true", help="evaluate --model on the dev data, no training")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="the output dir holds best/ of another task or model: delete it (and interrupted/) and start afresh "
+        "(without it such a directory is refused)",
+    )
 
 
 def finetune_run(args: argparse.Namespace) -> int:
     from bertforge.config import load_config
     from bertforge.finetune import glue
     from bertforge.finetune.runner import SQUAD_TASKS, FinetuneRun, run_finetune
+    from bertforge.runtime.preempt import Preempted
 
     overrides = list(args.set) + ([f"train.output_dir={args.output_dir}"] if args.output_dir else [])
     preset = args.config or ("squad_base_384" if args.task in SQUAD_TASKS else "glue_default")
@@ -61,8 +68,15 @@ def finetune_run(args: argparse.Namespace) -> int:
         cfg.task.validate_squad()
     else:
         _warn_squad_keys(args.task, cfg.task)
-    run = FinetuneRun(args.task, args.model, train, devs, args.dataset, args.eval_only)
-    summary = run_finetune(run, cfg)
+    run = FinetuneRun(args.task, args.model, train, devs, args.dataset, args.eval_only, args.overwrite)
+    try:
+        summary = run_finetune(run, cfg)
+    except Preempted as e:
+        from bertforge.runtime.distributed import env_info
+
+        if env_info().is_main:  # every rank stopped at the same update; one line says so
+            print(f"bertforge finetune: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
     best = {k: v for k, v in summary["best"].items() if isinstance(v, (int, float))}
     print(json.dumps({"best": best, "output_dir": cfg.train.output_dir}))
     return 0

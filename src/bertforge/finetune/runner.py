@@ -13,6 +13,12 @@ Pieces shared with pre-training: the config sections (`model`, `train`, `optim`)
 optimizer named by optim.name (`bertforge.optim`), the schedule named by optim.schedule
 (`bertforge.optim.schedule`), the training step (`bertforge.runtime.step`), distributed set-up and the metrics
 logger (`bertforge.runtime`), device, precision and autocast (`bertforge.device`).
+
+Nothing of an earlier run is replaced unannounced: `best/` records the task and model it came from
+(`bertforge_finetune.json`); an output_dir whose best/ came from another task or model (or from nowhere known) is
+refused unless `overwrite` (which deletes it), and replacing an earlier run's best/ of the same task and model is
+said in one line. SIGTERM/SIGINT stop training at the next update with the current model saved as
+`interrupted/` (Hugging Face format); fine-tuning does not resume — it is short: run it again.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from bertforge.runtime import distributed as D
 from bertforge.runtime.activation import apply_activation_checkpointing
 from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger
+from bertforge.runtime.preempt import Preemption
 from bertforge.runtime.step import TrainStep, set_lr, train_step
 
 SQUAD_TASKS = ("squad", "squad_v2")
@@ -65,6 +72,8 @@ class FinetuneRun:
     dev_files: list[str] = dataclasses.field(default_factory=list)
     dataset: str | None = None
     eval_only: bool = False
+    overwrite: bool = False
+    """Delete an earlier run's best/ and interrupted/ in train.output_dir instead of refusing a different one."""
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -193,7 +202,9 @@ class TaskData:
     label_names: tuple[str, ...] | None = None
 
 
-def _squad_task(run: FinetuneRun, cfg: TaskConfig, tokenizer, out_dir: Path) -> TaskData:
+def _squad_task(
+    run: FinetuneRun, cfg: TaskConfig, tokenizer, out_dir: Path, log: Callable[[str], None] = print
+) -> TaskData:
     v2 = run.task == "squad_v2"
     if run.dataset:
         raise UserError("--dataset is for GLUE tasks; pass SQuAD JSON files with --train-file/--dev-file")
@@ -203,7 +214,9 @@ def _squad_task(run: FinetuneRun, cfg: TaskConfig, tokenizer, out_dir: Path) -> 
             raise UserError(f"--task {run.task}: give --train-file (a SQuAD JSON file), or --eval-only")
         examples, _ = squad.read_squad(run.train_file)
         train = encode_squad(
-            squad.make_features(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride, cfg.max_query_len, training=True)
+            squad.make_features(
+                examples, tokenizer, cfg.max_seq_len, cfg.doc_stride, cfg.max_query_len, training=True, log=log
+            )
         )
     evals: list[tuple[str, Encoded, Scorer]] = []
     for i, path in enumerate(run.dev_files):
@@ -302,6 +315,40 @@ def save_model(model, config, src_dir: str, out: Path, head: str, label_names: S
             shutil.copyfile(Path(src_dir) / name, out / name)
 
 
+# what best/ records of the run that wrote it
+ORIGIN_FILE = "bertforge_finetune.json"
+
+
+def _origin(run: FinetuneRun) -> dict[str, str]:
+    return {"task": run.task, "model": str(Path(run.model).resolve())}
+
+
+def check_output_dir(run: FinetuneRun, out_dir: Path, say: Callable[[str], None], delete: bool = True) -> None:
+    """Refuse an output_dir whose best/ another task or model wrote, unless `run.overwrite` (then `delete`
+    it: rank 0)."""
+    best = out_dir / "best"
+    if run.eval_only or not best.exists():
+        return
+    try:
+        earlier = json.loads((best / ORIGIN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        earlier = None
+    if earlier == _origin(run) and not run.overwrite:
+        return  # the same fine-tune again: keep_best says when it replaces best/
+    if not run.overwrite:
+        what = f"task {earlier.get('task')}, model {earlier.get('model')}" if isinstance(earlier, dict) else "unknown"
+        raise UserError(
+            f"train.output_dir {out_dir} holds an earlier run's best/ ({what}); pass --overwrite to delete it, "
+            "or choose another --output-dir"
+        )
+    if not delete:
+        return
+    gone = [n for n in ("best", "interrupted") if (out_dir / n).is_dir()]
+    for name in gone:
+        shutil.rmtree(out_dir / name)
+    say(f"--overwrite: deleted the earlier run's {' and '.join(f'{n}/' for n in gone)} in {out_dir}")
+
+
 # ---------------------------------------------------------------------------------------------- set-up
 @dataclasses.dataclass
 class Session:
@@ -347,15 +394,16 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
             f"train.micro_batch_size {t.micro_batch_size} x {info.world_size} processes"
         )
     out_dir = Path(t.output_dir)
+    say = log if info.is_main else (lambda s: None)
+    check_output_dir(run, out_dir, say, delete=info.is_main)  # every rank: all refuse, or none
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(t.seed)
     precision = dev.resolve_precision(t.precision, device)
-    say = log if info.is_main else (lambda s: None)
 
     t_setup = time.perf_counter()
     tokenizer = load_tokenizer(run.model)
     task = (
-        _squad_task(run, cfg.task, tokenizer, out_dir)
+        _squad_task(run, cfg.task, tokenizer, out_dir, say)
         if run.task in SQUAD_TASKS
         else _glue_task(run, cfg.task, tokenizer)
     )
@@ -404,9 +452,12 @@ def keep_best(s: Session, metrics: dict[str, Any]) -> None:
     s.history.append(metrics)
     if s.best is not None and metrics["main"] <= s.best["main"]:
         return
-    s.best = metrics
     best_dir = s.out_dir / "best"
+    if s.best is None and best_dir.exists():
+        s.say(f"replacing the earlier run's {best_dir} (same task and model) with this run's best")
+    s.best = metrics
     save_model(s.model, s.mconfig, s.run.model, best_dir, s.task.head, s.task.label_names)
+    write_text(best_dir / ORIGIN_FILE, json.dumps(_origin(s.run), indent=1))
     if s.run.task in SQUAD_TASKS:  # keep the best evaluation's predictions beside the model
         for p in s.out_dir.glob("*predictions*.json"):
             shutil.copyfile(p, best_dir / p.name)
@@ -440,9 +491,10 @@ def micro_batches(
     return batches, len(parts), weights
 
 
-def train(s: Session) -> None:
+def train(s: Session, preempt: Preemption | None = None) -> None:
     """for epoch -> for global batch: lr, one `train_step` over this rank's micro-batches -> every N: log /
-    evaluate; evaluate and keep the best model at each epoch's end."""
+    evaluate; evaluate and keep the best model at each epoch's end. `preempt`: read after each update; set,
+    the model is saved as interrupted/ and `Preempted` raised."""
     t, o, data = s.cfg.train, s.cfg.optim, s.task.train
     assert data is not None, "run_finetune trains only a task with training rows"
     steps_per_epoch = math.ceil(len(data) / t.global_batch_size)
@@ -492,6 +544,8 @@ def train(s: Session) -> None:
                 evaluate_and_keep(s, step / steps_per_epoch, step)
                 last_eval, t0 = step, t0 + time.perf_counter() - t_pause
                 step_fn.model.train()
+            if preempt is not None and preempt.agreed(s.device):
+                _stop_preempted(s, preempt, step)
         s.train_s += time.perf_counter() - t0
         if last_eval != step:
             evaluate_and_keep(s, min(float(epoch), step / steps_per_epoch), step)
@@ -505,6 +559,18 @@ def _stop_nonfinite(s: Session, step_fn: TrainStep, step: int, count: int) -> No
         f"{count} non-finite gradient steps in a row at update {step} ({s.precision}"
         f"{f', loss scale {scaler.get_scale():g}' if scaler.is_enabled() else ''}); {best}. Lower optim.lr, use "
         "train.precision=bf16 or fp32, or raise train.max_nonfinite_steps, or check the data"
+    )
+
+
+def _stop_preempted(s: Session, preempt: Preemption, step: int) -> None:
+    where = s.out_dir / "interrupted"
+    if s.info.is_main:
+        save_model(s.model, s.mconfig, s.run.model, where, s.task.head, s.task.label_names)
+    D.barrier()
+    best = f"; the best evaluated model is in {s.out_dir / 'best'}" if s.best else ""
+    raise preempt.stopped(
+        f"saved the model after update {step} as {where} (Hugging Face format){best}; fine-tuning does not "
+        "resume: run it again to train to the end"
     )
 
 
@@ -543,7 +609,8 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
                 s.best = {"epoch": 0, **evaluate(s, 0)}
                 s.history.append(s.best)
         else:
-            train(s)
+            with Preemption() as preempt:
+                train(s, preempt)
         return finish(s)
     finally:
         s.logger.close()

@@ -17,7 +17,16 @@ SERVE_TASKS = ("qa", "classify", "fill-mask")
 def export_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="Hugging Face-format model directory (config.json + weights)")
     p.add_argument("--format", required=True, choices=("hf", "onnx"), help="output format")
-    p.add_argument("--out", required=True, help="output directory (written atomically)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output directory (written atomically); must be new, empty or an earlier export unless --force",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace --out even if it is a file or a directory that is not an earlier export",
+    )
     p.add_argument(
         "--task",
         default=None,
@@ -40,7 +49,13 @@ def export_run(args: argparse.Namespace) -> int:
 
     if args.format == "hf":
         out = export.export_hf(
-            args.model, args.out, args.task, init_head=args.init_head, num_labels=args.num_labels, seed=args.seed
+            args.model,
+            args.out,
+            args.task,
+            init_head=args.init_head,
+            num_labels=args.num_labels,
+            seed=args.seed,
+            force=args.force,
         )
         print(f"wrote {out} (Hugging Face format)")
     else:
@@ -54,6 +69,7 @@ def export_run(args: argparse.Namespace) -> int:
             tolerance=args.tolerance,
             init_head=args.init_head,
             seed=args.seed,
+            force=args.force,
         )
         print(f"wrote {res['path']} (head {res['head']}; onnxruntime vs PyTorch max |diff| {res['max_abs_diff']:.2g})")
     return 0

@@ -10,6 +10,10 @@ exporter (`dynamo=False`; the dynamo exporter needs onnxscript). Inputs `input_i
 Outputs: qa `start_logits`, `end_logits` (batch, sequence); classification/regression `logits`
 (batch, labels); mlm `logits` (batch, masks, vocab). Every export is checked: onnxruntime must match PyTorch
 within `tolerance` (1e-4) on a batch with padding, or the export fails and nothing is written.
+
+Nothing of the user's is replaced by accident (`check_out`): `out` must not exist, be an empty directory, or be
+an earlier export of ours (it holds `bertforge_export.json`, written into every export); anything else needs
+`force`. The current directory, the model directory and any directory above it are never replaced.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ ARCH_TASKS = {
 }
 
 # serving task names (bertforge serve --task) -> model heads
+# written into every export: what makes a directory recognisably ours, so a re-export may replace it
+MARKER = "bertforge_export.json"
+
 SERVE_HEADS = {"qa": "qa", "classify": "classification", "fill-mask": "mlm"}
 
 ONNX_OUTPUTS = {
@@ -93,6 +100,29 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
     return copied
 
 
+def check_out(model_dir: Path, out: Path, force: bool) -> None:
+    """Refuse an `out` whose replacement would destroy something that is not an earlier export of ours."""
+    src, dst, cwd = model_dir.resolve(), out.resolve(), Path.cwd().resolve()
+    if dst == src or dst in src.parents:
+        raise UserError(f"--out {out} would replace the model directory {model_dir} itself; choose another --out")
+    if dst == cwd or dst in cwd.parents:
+        raise UserError(f"--out {out} is the current directory (or holds it); name a new directory, e.g. --out export")
+    if force or not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise UserError(f"--out {out} exists and is not a directory; remove it, or pass --force to replace it")
+    if any(out.iterdir()) and not (out / MARKER).is_file():
+        raise UserError(
+            f"--out {out} is a non-empty directory that is not an earlier bertforge export; "
+            "choose a new --out, or pass --force to replace it"
+        )
+
+
+def write_marker(tmp: Path, fmt: str, head: str, model_dir: Path) -> None:
+    info = {"format": fmt, "task": head, "source": str(model_dir.resolve())}
+    (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+
+
 def load(
     model_dir: Path,
     head: str,
@@ -119,20 +149,24 @@ def export_hf(
     init_head: bool = False,
     num_labels: int | None = None,
     seed: int = 0,
+    force: bool = False,
 ) -> Path:
     """Re-write `model_dir` as config.json + model.safetensors + tokenizer files in `out`.
 
     `init_head`: the task head may be missing from the checkpoint (a pre-trained encoder such as a
     sentence-embedding model) and gets a fresh, seeded init; for smoke tests and serving benchmarks.
+    `force`: replace whatever `out` holds (see `check_out`).
     """
     from bertforge.model.hf_interop import save_pretrained
 
     model_dir, out = Path(model_dir), Path(out)
+    check_out(model_dir, out, force)
     head = resolve_head(model_dir, task)
     model, config = load(model_dir, head, init_head, seed, num_labels)
     with atomic_dir(out) as tmp:
         save_pretrained(model, config, tmp, head)
         copy_tokenizer(model_dir, tmp)
+        write_marker(tmp, "hf", head, model_dir)
     return out
 
 
@@ -189,9 +223,11 @@ def export_onnx(
     tolerance: float = 1e-4,
     init_head: bool = False,
     seed: int = 0,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Write `out/model.onnx` (+ config.json, tokenizer files); returns {"path", "max_abs_diff"}."""
     model_dir, out = Path(model_dir), Path(out)
+    check_out(model_dir, out, force)
     head = resolve_head(model_dir, task)
     if head not in ONNX_OUTPUTS:
         raise UserError(f"ONNX export supports heads {', '.join(ONNX_OUTPUTS)}, not {head!r}")
@@ -238,4 +274,5 @@ def export_onnx(
             )
         shutil.copy2(model_dir / "config.json", tmp / "config.json")
         copy_tokenizer(model_dir, tmp)
+        write_marker(tmp, "onnx", head, model_dir)
     return {"path": str(out / "model.onnx"), "max_abs_diff": diff, "head": head}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def pretrain_add(p: argparse.ArgumentParser) -> None:
@@ -19,6 +20,12 @@ def pretrain_add(p: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue from the newest complete checkpoint in train.output_dir/checkpoints",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train.output_dir holds an earlier run: delete its checkpoints and metrics and start afresh "
+        "(without --resume or --overwrite such a directory is refused)",
     )
     p.add_argument(
         "--json-summary",
@@ -49,8 +56,6 @@ def pretrain_run(args: argparse.Namespace) -> int:
         return 0
     cfg = load_config("pretrain", args.config, args.overrides)
     if args.print_config:
-        import sys
-
         import yaml
 
         from bertforge.config import to_dict
@@ -60,14 +65,27 @@ def pretrain_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bertforge.runtime import distributed
-    from bertforge.train.loop import run_pretrain
+    from bertforge.runtime.preempt import Preempted
+    from bertforge.train.loop import check_output_dir, run_pretrain
 
     info = distributed.env_info()
+    # before config.yaml is rewritten: an earlier run's directory is refused untouched
+    check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, info.is_main)
     if info.is_main:
         Path(cfg.train.output_dir).mkdir(parents=True, exist_ok=True)
         save_config(cfg, Path(cfg.train.output_dir) / "config.yaml")
     try:
-        summary = run_pretrain(cfg, resume=args.resume, json_summary=args.json_summary, profile_steps=args.profile)
+        summary = run_pretrain(
+            cfg,
+            resume=args.resume,
+            json_summary=args.json_summary,
+            profile_steps=args.profile,
+            overwrite=args.overwrite,
+        )
+    except Preempted as e:
+        if info.is_main:
+            print(f"bertforge pretrain: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
     finally:
         distributed.cleanup()
     if info.is_main:

@@ -11,10 +11,18 @@ is counted; `train.max_nonfinite_steps` of them in a row stop the run with a sav
 Phases: `train.init_checkpoint` starts phase 2 from a phase-1 checkpoint — weights and optimizer moments, the
 step reset to 0, this config's schedule (NVIDIA run_pretraining.py `--phase2`). `--resume` continues from the
 newest complete checkpoint in this run's output_dir, whichever phase it belongs to.
+
+An output_dir that holds an earlier run (checkpoints or metrics) is refused unless `resume` (continue it) or
+`overwrite` (delete it and start afresh): a fresh run would truncate its metrics and report its model. On a
+resume, metrics.jsonl rows after the checkpoint's step are dropped — those steps run again, and the rows of the
+re-run are the record of the weights that exist. SIGTERM/SIGINT stop the run at the next step boundary with a
+checkpoint saved (`runtime.preempt`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +42,9 @@ from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime import fp8
 from bertforge.runtime.activation import apply_activation_checkpointing
-from bertforge.runtime.metrics import MetricsLogger
+from bertforge.runtime.io import write_text
+from bertforge.runtime.metrics import MetricsLogger, read_jsonl
+from bertforge.runtime.preempt import Preemption
 from bertforge.runtime.profile import PowerSampler, StepProfiler
 from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step
 from bertforge.train import checkpoint as ckpt
@@ -193,6 +203,54 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------------------------------- set-up
+# what a run writes into output_dir and `overwrite` deletes (config.yaml is rewritten by every run)
+RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "metrics.png", "tensorboard", "profile")
+
+
+def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool, is_main: bool = True) -> None:
+    """Refuse an output_dir holding an earlier run unless `resume` or `overwrite`; `overwrite` deletes that
+    run's outputs (rank 0), so nothing of it is mistaken for this run's."""
+    out = Path(output_dir)
+    if resume and overwrite:
+        raise UserError("--resume continues the run in train.output_dir, --overwrite deletes it: pass one of them")
+    metrics = out / "metrics.jsonl"
+    earlier = ckpt.latest_checkpoint(out / "checkpoints") is not None or (
+        metrics.is_file() and metrics.stat().st_size > 0
+    )
+    if not earlier or resume:
+        return
+    if not overwrite:
+        raise UserError(
+            f"train.output_dir {out} holds an earlier run (checkpoints or metrics.jsonl); pass --resume to "
+            "continue it, --overwrite to delete it and start afresh, or choose another train.output_dir"
+        )
+    if is_main:
+        gone = [n for n in RUN_OUTPUTS if (out / n).exists()]
+        for name in gone:
+            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+        print(f"--overwrite: deleted the earlier run's {', '.join(gone)} in {out}", flush=True)
+
+
+def trim_metrics(path: Path, global_step: int) -> int:
+    """Drop metrics.jsonl rows after `global_step` (and a torn last line), atomically; returns rows dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    steps = [_row_step(line) for line in lines]  # None: a torn or foreign line
+    kept = [line for line, step in zip(lines, steps) if step is not None and step <= global_step]
+    if len(kept) != len(lines):
+        write_text(path, "".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
+
+
+def _row_step(line: str) -> int | None:
+    try:
+        step = json.loads(line).get("step")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
 @dataclass
 class Run:
     """Everything one pre-training phase holds, built by `setup` (torchtitan's split: set-up, `train`, eval, save)."""
@@ -297,6 +355,8 @@ def setup(
     state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
     if not resumed:
         torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
+    elif info.is_main and (n := trim_metrics(Path(t.output_dir) / "metrics.jsonl", state.phase_offset + state.step)):
+        _log0(info, f"metrics.jsonl: dropped {n} rows after the checkpoint's step; those steps run again")
     # DDP wraps the restored model (it broadcasts rank 0's weights); compile wraps DDP
     step = TrainStep.build(
         model,
@@ -450,10 +510,11 @@ def evaluate_run(run: Run) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- the loop
-def train(run: Run, profile_steps: int = 0) -> dict[str, Any]:
+def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -> dict[str, Any]:
     """restore -> for step: one `train_step` over accum micro-batches -> every N: log / eval / save.
     `profile_steps`: record that many steps (after one warm-up step) with torch.profiler into
-    output_dir/profile/ (trace.json for Perfetto/TensorBoard, top_ops.txt) and print the top kernels."""
+    output_dir/profile/ (trace.json for Perfetto/TensorBoard, top_ops.txt) and print the top kernels.
+    `preempt`: its signal flag is read at each step boundary; set, the run saves and raises `Preempted`."""
     t, o, state = run.cfg.train, run.cfg.optim, run.state
     prof = _profiler(run, profile_steps)
     batches = run.loader.iterate(start_batch=state.batches)
@@ -501,6 +562,8 @@ def train(run: Run, profile_steps: int = 0) -> dict[str, Any]:
         if t.save_every and (state.step % t.save_every == 0 or state.step == t.max_steps):
             save(run)
             last_saved = state.step
+        if preempt is not None and preempt.agreed(run.device):
+            _stop_preempted(run, preempt, window, lr, last_saved)
         window.t0 += time.perf_counter() - t_pause
     if t.save_every and last_saved != state.step:
         save(run)
@@ -538,6 +601,37 @@ def _stop_nonfinite(run: Run, count: int) -> None:
     )
 
 
+def _stop_preempted(run: Run, preempt: Preemption, window: _Window, lr: float, last_saved: int) -> None:
+    """Log the open window (the saved counters include its sequences), save unless this step just was, raise."""
+    if window.updates:
+        _log_window(run, window, lr)
+    saved = save(run) if last_saved != run.state.step else ckpt.latest_checkpoint(run.ckpt_root)
+    run.logger.close()
+    if run.power is not None:
+        run.power.close()
+    name = saved.path.name if saved else f"step_{run.state.phase_offset + run.state.step:08d}"
+    raise preempt.stopped(f"saved checkpoint {name} in {run.ckpt_root}; continue with --resume")
+
+
+def _last_values(run: Run, window: _Window) -> dict[str, Any]:
+    """The final training metrics: the last window's, or, when this call ran no step (a resumed finished run),
+    the last logged row up to the checkpoint's step; keys still unknown keep an earlier summary's values for
+    the same step."""
+    global_step = run.state.phase_offset + run.state.step
+    last = window.last
+    if not last:
+        rows = read_jsonl(Path(run.cfg.train.output_dir) / "metrics.jsonl")
+        last = next((r for r in reversed(rows) if "loss" in r and r.get("step", 0) <= global_step), {})
+    values = {"final_loss": last.get("loss"), "final_mlm_acc": last.get("mlm_acc"), "first_step_s": run.first_step_s}
+    earlier = Path(run.cfg.train.output_dir) / "summary.json"
+    if run.resumed and earlier.is_file():
+        with contextlib.suppress(ValueError):
+            old = json.loads(earlier.read_text(encoding="utf-8"))
+            if old.get("global_step") == global_step:
+                values = {k: old.get(k) if v is None else v for k, v in values.items()}
+    return values
+
+
 def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[str, Any]:
     state = run.state
     final = ckpt.latest_checkpoint(run.ckpt_root)
@@ -549,13 +643,11 @@ def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[s
         "tokens": state.tokens,
         "skipped_steps": state.skipped,
         "train_time_s": run.train_seconds,
-        "first_step_s": run.first_step_s,
         "precision": run.precision,
         "device": str(run.device),
         "world_size": run.info.world_size,
         "model_preset": run.cfg.model.preset,
-        "final_loss": window.last.get("loss"),
-        "final_mlm_acc": window.last.get("mlm_acc"),
+        **_last_values(run, window),
         **{f"final_{k}": v for k, v in eval_metrics.items()},
         "checkpoint": str(final.path) if final else None,
         "model_dir": str(final.model_dir) if final else None,
@@ -572,9 +664,14 @@ def run_pretrain(
     json_summary: str | None = None,
     _save_hook: Callable[[Path], None] | None = None,
     profile_steps: int = 0,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """One pre-training phase; returns the summary (also written to train.output_dir/summary.json)."""
-    return train(setup(cfg, resume, json_summary, _save_hook), profile_steps)
+    """One pre-training phase; returns the summary (also written to train.output_dir/summary.json).
+    `overwrite`: delete an earlier run in train.output_dir instead of refusing it (see `check_output_dir`).
+    Raises `runtime.preempt.Preempted` after saving when SIGTERM or SIGINT arrives."""
+    check_output_dir(cfg.train.output_dir, resume, overwrite, ddp.env_info().is_main)
+    with Preemption() as preempt:
+        return train(setup(cfg, resume, json_summary, _save_hook), profile_steps, preempt)
 
 
 # ------------------------------------------------------------------------------------------- helpers

@@ -1,0 +1,126 @@
+"""Nothing of an earlier run is lost or misreported: output_dir refusal, --overwrite, resume of a finished run,
+metrics without repeated steps, and SIGTERM/SIGINT stopping with a checkpoint that --resume continues exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import bertforge
+from bertforge.cli import main
+from bertforge.config import load_config
+from bertforge.errors import UserError
+from bertforge.runtime.preempt import Preemption
+from bertforge.train import checkpoint as ckpt
+from bertforge.train.loop import run_pretrain
+
+
+def _steps(run: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(ckpt.latest_checkpoint(run / "checkpoints").model_dir / "model.safetensors"))
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = _weights(a), _weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def test_pretrain_refuses_an_earlier_run_and_overwrite_starts_afresh(shards, tmp_path, overrides, capsys):
+    out = tmp_path / "run"
+    argv = ["pretrain", *[f"--set={s}" for s in overrides(shards, out, **{"train.max_steps": 3})]]
+    assert main(argv) == 0
+    before = (out / "metrics.jsonl").read_text()
+    (out / "config.yaml").write_text("# the earlier run's config\n")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "--resume" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert (out / "metrics.jsonl").read_text() == before  # untouched, config.yaml too
+    assert (out / "config.yaml").read_text() == "# the earlier run's config\n"
+    assert main([*argv, "--resume", "--overwrite"]) == 2
+    old = ckpt.latest_checkpoint(out / "checkpoints").path
+    (old / "marker").write_text("x")
+    assert main([*argv, "--overwrite"]) == 0
+    assert "deleted the earlier run's checkpoints" in capsys.readouterr().out
+    assert not (old / "marker").exists() and _steps(out) == [1, 2, 3]
+    with pytest.raises(UserError, match="--overwrite"):  # the Python API refuses too
+        run_pretrain(load_config("pretrain", None, overrides(shards, out)))
+
+
+def test_resume_of_a_finished_run_keeps_the_summary(shards, tmp_path, overrides):
+    out = tmp_path / "run"
+    cfg = load_config("pretrain", None, overrides(shards, out))
+    first = run_pretrain(cfg)
+    again = run_pretrain(cfg, resume=True)
+    assert first["final_loss"] is not None and first["first_step_s"] is not None
+    for key in ("step", "final_loss", "final_mlm_acc", "first_step_s", "model_dir"):
+        assert again[key] == first[key], key
+    assert json.loads((out / "summary.json").read_text())["final_loss"] == first["final_loss"]
+    assert _steps(out) == [1, 2, 3, 4, 5, 6]
+
+
+def test_metrics_do_not_repeat_steps_after_a_resume_from_an_older_checkpoint(shards, tmp_path, overrides):
+    """Killed after step 5 was logged but before it was saved: the resume re-runs 4 and 5 from step 3."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    run_pretrain(load_config("pretrain", None, overrides(shards, full)))
+    run_pretrain(load_config("pretrain", None, overrides(shards, cut, **{"train.stop_after_steps": 5})))
+    shutil.rmtree(ckpt.latest_checkpoint(cut / "checkpoints").path)  # step 5's checkpoint never made it
+    assert ckpt.latest_checkpoint(cut / "checkpoints").path.name == "step_00000003"
+    with open(cut / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "lo')  # and a torn last line
+    run_pretrain(load_config("pretrain", None, overrides(shards, cut)), resume=True)
+    assert _steps(cut) == [1, 2, 3, 4, 5, 6]
+    _assert_same_weights(full, cut)
+
+
+def test_preemption_flag_and_handlers_restored():
+    old = signal.getsignal(signal.SIGINT)
+    with Preemption() as pre:
+        signal.raise_signal(signal.SIGINT)  # the handler only records it: no KeyboardInterrupt here
+        assert pre.signum == signal.SIGINT and pre.agreed(torch.device("cpu"))
+        err = pre.stopped("saved")
+        assert str(err) == "received SIGINT: saved" and err.exit_code == 130
+    assert signal.getsignal(signal.SIGINT) is old
+
+
+def _child(argv: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(Path(bertforge.__file__).parents[1])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "bertforge", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(shards, tmp_path, overrides):
+    extra = {"train.max_steps": 100, "train.save_every": 1000, "train.log_every": 1}
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    child = _child(["pretrain", *[f"--set={s}" for s in overrides(shards, cut, **extra)]])
+    deadline = time.monotonic() + 120
+    while not ((cut / "metrics.jsonl").is_file() and _steps(cut)) and child.poll() is None:
+        assert time.monotonic() < deadline, "the child logged no step"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 143, (out, err)
+    saved = ckpt.latest_checkpoint(cut / "checkpoints")
+    assert saved is not None and 0 < saved.load_state()["train_state"]["step"] < 100
+    assert f"received SIGTERM: saved checkpoint {saved.path.name} in {cut / 'checkpoints'}" in err
+    assert "continue with --resume" in err
+    run_pretrain(load_config("pretrain", None, overrides(shards, cut, **extra)), resume=True)
+    run_pretrain(load_config("pretrain", None, overrides(shards, full, **extra)))
+    assert sorted(set(_steps(cut))) == _steps(cut)  # no step logged twice
+    _assert_same_weights(full, cut)
