@@ -1,3 +1,4 @@
+import argparse
 import json
 import subprocess
 import sys
@@ -25,6 +26,35 @@ def test_every_command_has_help():
     for cmd in cli.COMMANDS:
         out = run(cmd.name, "--help").stdout
         assert f"usage: bertforge {cmd.name}" in out
+
+
+def _parsers(p: argparse.ArgumentParser, path: str):
+    """`p` and every sub-command parser under it, with its command path."""
+    yield path, p
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _parsers(sub, f"{path} {name}")
+
+
+def test_every_help_shows_the_defaults():
+    """Each option with a default says it in its --help line, in every command and sub-command."""
+    missing, nones = [], []
+    for cmd in cli.COMMANDS:
+        root = cli.build_parser(cmd.name)
+        sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction)).choices[cmd.name]
+        for path, p in _parsers(sub, cmd.name):
+            fmt = p._get_formatter()
+            for a in p._actions:
+                if not a.option_strings or a.default in (None, argparse.SUPPRESS) or a.nargs == 0 and a.const is None:
+                    continue  # positionals, options without a default, --help/--version
+                text = fmt._expand_help(a) if a.help else ""
+                if "default" not in text.lower():
+                    missing.append(f"{path} {a.option_strings[0]}")
+            if "(default: None)" in p.format_help():
+                nones.append(path)
+    assert not missing, f"options whose --help does not show their default: {missing}"
+    assert not nones, f"'(default: None)' in the --help of {nones}"
 
 
 HEAVY = ("torch", "transformers", "h5py", "matplotlib", "tritonclient", "numpy")

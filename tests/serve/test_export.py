@@ -35,8 +35,11 @@ def test_hf_export_detects_head_and_refuses_missing_head(head_models, encoder_di
     with pytest.raises(UserError, match="missing"):
         export.export_hf(encoder_dir, tmp_path / "nohead", "qa")  # no --init-head: the encoder has no QA head
     assert not (tmp_path / "nohead").exists()
+    (tmp_path / "headless").mkdir()
+    raw = json.loads((encoder_dir / "config.json").read_text())
+    (tmp_path / "headless" / "config.json").write_text(json.dumps({**raw, "architectures": []}))
     with pytest.raises(UserError, match="architectures"):
-        export.export_hf(encoder_dir, tmp_path / "x")  # BertModel names no task head
+        export.export_hf(tmp_path / "headless", tmp_path / "x")  # names no architecture at all
 
 
 # classify: test_export_cli; fill-mask is slow on a loaded 2-core machine (-m slow)

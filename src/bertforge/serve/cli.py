@@ -10,7 +10,7 @@ import sys
 
 from bertforge.errors import UserError
 
-SERVE_TASKS = ("qa", "classify", "fill-mask")
+SERVE_TASKS = ("qa", "classify", "fill-mask", "embed")
 
 
 # ------------------------------------------------------------------------------------------------ export
@@ -30,7 +30,8 @@ def export_add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task",
         default=None,
-        help="head to export: qa | classify | fill-mask (or a model head name); default: config.json's architectures",
+        help="head to export: qa | classify | fill-mask | embed (the bare encoder, no head), or a model head name; "
+        "default: config.json's architectures (BertModel/RobertaModel: the bare encoder)",
     )
     p.add_argument(
         "--init-head",
@@ -78,9 +79,8 @@ def export_run(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ serve
 def serve_add(p: argparse.ArgumentParser) -> None:
     from bertforge.serve.server import ServeConfig
-    from bertforge.serve.tasks import Limits
 
-    sc, lim = ServeConfig(), Limits()
+    sc = ServeConfig()
     p.add_argument(
         "--model",
         action="append",
@@ -92,7 +92,7 @@ def serve_add(p: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         choices=SERVE_TASKS,
-        help="task of the --model at the same position (Triton model names: qa, classify, fill_mask)",
+        help="task of the --model at the same position (Triton model names: qa, classify, fill_mask, embed)",
     )
     p.add_argument("--host", default=sc.host, help="address to bind (loopback unless told otherwise)")
     p.add_argument("--http-port", type=int, default=sc.http_port, help="HTTP/REST (KServe v2) port")
@@ -114,20 +114,7 @@ def serve_add(p: argparse.ArgumentParser) -> None:
         "--max-queue-delay-us", type=int, default=sc.max_queue_delay_us, help="longest wait to gather a bigger batch"
     )
     p.add_argument("--instances", type=int, default=sc.instances, help="model instances per task")
-    p.add_argument(
-        "--max-seq-len",
-        type=int,
-        default=argparse.SUPPRESS,  # absent: fitted to the model (the help shows no "None")
-        help=f"tokens per model row (default {lim.max_seq_len}, or the model's positions when fewer)",
-    )
-    p.add_argument("--doc-stride", type=int, default=lim.doc_stride, help="QA: tokens between window starts")
-    p.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=lim.max_request_bytes,
-        help="UTF-8 bytes of text per request; larger requests are refused",
-    )
-    p.add_argument("--top-k", type=int, default=lim.top_k, help="fill-mask: candidates per [MASK]")
+    _request_args(p)
     p.add_argument(
         "--access-token",
         default=None,
@@ -156,6 +143,35 @@ def serve_add(p: argparse.ArgumentParser) -> None:
         "first request does not pay for the device's lazy start (seconds on a GPU)",
     )
     p.add_argument("--log-verbose", type=int, default=0, help="Triton log verbosity")
+
+
+def _request_args(p: argparse.ArgumentParser) -> None:
+    """What one request may ask for and how it is computed (`tasks.Limits`, embed pooling)."""
+    from bertforge.serve.tasks import Limits
+
+    lim = Limits()
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=argparse.SUPPRESS,  # absent: fitted to the model (the help shows no "None")
+        help=f"tokens per model row (default {lim.max_seq_len}, or the model's positions when fewer; embed: "
+        "a sentence-transformers model's max_seq_length when fewer)",
+    )
+    p.add_argument("--doc-stride", type=int, default=lim.doc_stride, help="QA: tokens between window starts")
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=lim.max_request_bytes,
+        help="UTF-8 bytes of text per request; larger requests are refused",
+    )
+    p.add_argument("--top-k", type=int, default=lim.top_k, help="fill-mask: candidates per [MASK]")
+    p.add_argument(
+        "--pooling",
+        choices=("auto", "mean", "cls"),
+        default="auto",
+        help="embed: mean of the token vectors or the [CLS] vector (then L2-normalised); auto = the model's "
+        "sentence-transformers pooling config (modules.json), else mean",
+    )
 
 
 def _interrupt(signum, frame):
@@ -194,7 +210,18 @@ def serve_run(args: argparse.Namespace) -> int:
         top_k=args.top_k,
     )
     predictors = [
-        (t, Predictor.from_dir(t, m, limits, args.precision, args.device, fit_seq_len="max_seq_len" not in args))
+        (
+            t,
+            Predictor.from_dir(
+                t,
+                m,
+                limits,
+                args.precision,
+                args.device,
+                fit_seq_len="max_seq_len" not in args,
+                pooling=None if args.pooling == "auto" else args.pooling,
+            ),
+        )
         for m, t in zip(args.model, args.task)
     ]
     if args.warmup:
@@ -228,7 +255,7 @@ def predict_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
     p.add_argument("--question", action="append", help="qa: a question (repeat for a batch)")
     p.add_argument("--context", action="append", help="qa: its context (one per --question)")
-    p.add_argument("--text", action="append", help="classify / fill-mask: a text (repeat for a batch)")
+    p.add_argument("--text", action="append", help="classify / fill-mask / embed: a text (repeat for a batch)")
     p.add_argument("--text-pair", action="append", help="classify: the second sentence (one per --text)")
     p.add_argument(
         "--jsonl",

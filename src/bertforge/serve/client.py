@@ -117,6 +117,8 @@ def rows_as_json(task: str, out: dict[str, np.ndarray]) -> list[dict[str, Any]]:
                     "probabilities": [float(p) for p in out["probabilities"][i]],
                 }
             )
+        elif task == "embed":
+            rows.append({"embedding": [float(x) for x in out["embedding"][i]]})
         else:
             masks = []
             for m in range(out["token_ids"].shape[1]):

@@ -48,11 +48,16 @@ ARCH_TASKS = {
     "ForTokenClassification": "token_classification",
 }
 
-# serving task names (bertforge serve --task) -> model heads
 # written into every export: what makes a directory recognisably ours, so a re-export may replace it
 MARKER = "bertforge_export.json"
 
-SERVE_HEADS = {"qa": "qa", "classify": "classification", "fill-mask": "mlm"}
+# serving task names (bertforge serve --task) -> model heads; "encoder" is the bare encoder (no head)
+SERVE_HEADS = {"qa": "qa", "classify": "classification", "fill-mask": "mlm", "embed": "encoder"}
+ENCODER = "encoder"
+# config.json architectures of a bare encoder (sentence-transformers models, encoder-only checkpoints)
+BARE_ARCHS = {"bert": "BertModel", "roberta": "RobertaModel"}
+# sentence-transformers' own files: a bare-encoder export keeps them, so the model's pooling travels with it
+ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 
 ONNX_OUTPUTS = {
     "qa": ["start_logits", "end_logits"],
@@ -60,6 +65,7 @@ ONNX_OUTPUTS = {
     "regression": ["logits"],
     "token_classification": ["logits"],
     "mlm": ["logits"],
+    ENCODER: ["last_hidden_state"],
 }
 
 
@@ -70,13 +76,16 @@ def detect_head(model_dir: Path) -> str:
     except FileNotFoundError:
         raise UserError(f"{model_dir} has no config.json; pass a Hugging Face model directory") from None
     for arch in raw.get("architectures") or []:
+        if arch in BARE_ARCHS.values():
+            return ENCODER
         for suffix, head in ARCH_TASKS.items():
             if arch.endswith(suffix):
                 if head == "classification" and raw.get("problem_type") == "regression":
                     return "regression"
                 return head
     raise UserError(
-        f"{model_dir}/config.json names no task head in 'architectures' ({raw.get('architectures')}); pass --task"
+        f"{model_dir}/config.json names no task head in 'architectures' ({raw.get('architectures')}); pass --task "
+        "(qa, classify, fill-mask, or embed for the bare encoder)"
     )
 
 
@@ -98,6 +107,30 @@ def copy_tokenizer(src: Path, dst: Path) -> list[str]:
             shutil.copy2(src / name, dst / name)
             copied.append(name)
     return copied
+
+
+def copy_sentence_transformers(src: Path, dst: Path) -> None:
+    """modules.json, sentence_bert_config.json and the module directories it names (1_Pooling, ...)."""
+    for name in ST_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    for sub in sorted({m.get("path", "") for m in st_modules(src)} - {""}):
+        if (src / sub).is_dir():
+            shutil.copytree(src / sub, dst / sub)
+
+
+def st_modules(model_dir: Path) -> list[dict[str, Any]]:
+    """sentence-transformers' modules.json of a model directory ([] when it has none)."""
+    p = Path(model_dir) / "modules.json"
+    if not p.is_file():
+        return []
+    try:
+        mods = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise UserError(f"{p}: invalid JSON ({e})") from None
+    if not isinstance(mods, list) or not all(isinstance(m, dict) for m in mods):
+        raise UserError(f"{p}: expected a list of modules, as sentence-transformers writes")
+    return mods
 
 
 def check_out(model_dir: Path, out: Path, force: bool) -> None:
@@ -131,8 +164,13 @@ def load(
     num_labels: int | None = None,
     attention: str = "auto",
 ):
+    """The model of `head` from `model_dir`; head "encoder": the encoder of any checkpoint, its pooler kept."""
     from bertforge.model.hf_interop import load_pretrained
 
+    if head == ENCODER:
+        # built as a sequence classifier, the one head that keeps the pooler; a classification head in the
+        # checkpoint loads (num_labels from config.json), every other head's weights are ignored
+        head, num_labels, init_head = "classification", num_labels_of(model_dir), True
     if num_labels is None:
         num_labels = num_labels_of(model_dir) if head in ("classification", "token_classification") else 2
     torch.manual_seed(seed)  # the fresh head of --init-head is reproducible
@@ -140,6 +178,22 @@ def load(
         model_dir, head, num_labels=num_labels, attention=attention, allow_missing_head=init_head
     )
     return model.eval(), config
+
+
+def save_encoder(model, config, out: Path) -> None:
+    """The encoder (and pooler) as a Hugging Face BertModel/RobertaModel directory: keys without the model prefix,
+    as `BertModel.save_pretrained` writes them."""
+    from safetensors.torch import save_file
+
+    from bertforge.model.hf_interop import config_to_hf, hf_state_dict
+
+    prefix = f"{config.model_type}."
+    keep = tuple(prefix + p for p in ("embeddings.", "encoder.", "pooler."))
+    sd = {k[len(prefix) :]: v for k, v in hf_state_dict(model).items() if k.startswith(keep)}
+    save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+    raw = config_to_hf(config, "qa", 2)  # qa: a head without labels; architectures replaced below
+    raw["architectures"] = [BARE_ARCHS[config.model_type]]
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
 
 
 def export_hf(
@@ -164,7 +218,11 @@ def export_hf(
     head = resolve_head(model_dir, task)
     model, config = load(model_dir, head, init_head, seed, num_labels)
     with atomic_dir(out) as tmp:
-        save_pretrained(model, config, tmp, head)
+        if head == ENCODER:
+            save_encoder(model, config, tmp)
+            copy_sentence_transformers(model_dir, tmp)
+        else:
+            save_pretrained(model, config, tmp, head)
         copy_tokenizer(model_dir, tmp)
         write_marker(tmp, "hf", head, model_dir)
     return out
@@ -182,6 +240,8 @@ class _OnnxWrapper(torch.nn.Module):
             out = self.model(input_ids, attention_mask, token_type_ids, masked_positions=masked_positions)
             B, P = masked_positions.shape
             return (out.mlm_logits.view(B, P, -1),)  # (B*P, V) -> (B, P, V)
+        if self.head == ENCODER:
+            return (self.model.bert(input_ids, attention_mask, token_type_ids),)  # (B, T, H)
         out = self.model(input_ids, attention_mask, token_type_ids)
         return tuple(getattr(out, n) for n in ONNX_OUTPUTS[self.head])
 
@@ -242,7 +302,7 @@ def export_onnx(
     if head == "mlm":
         axes["masked_positions"] = {0: "batch", 1: "masks"}
         axes["logits"] = {0: "batch", 1: "masks"}
-    elif head in ("qa", "token_classification"):
+    elif head in ("qa", "token_classification", ENCODER):
         axes.update({n: {0: "batch", 1: "sequence"} for n in out_names})
     else:
         axes["logits"] = {0: "batch"}
@@ -274,5 +334,7 @@ def export_onnx(
             )
         shutil.copy2(model_dir / "config.json", tmp / "config.json")
         copy_tokenizer(model_dir, tmp)
+        if head == ENCODER:
+            copy_sentence_transformers(model_dir, tmp)
         write_marker(tmp, "onnx", head, model_dir)
     return {"path": str(out / "model.onnx"), "max_abs_diff": diff, "head": head}

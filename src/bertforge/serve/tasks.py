@@ -91,7 +91,16 @@ TASKS: dict[str, TaskSpec] = {
             IOSpec("scores", "FP32", (-1, -1), "their softmax probabilities (padding: 0)"),
         ),
     ),
+    "embed": TaskSpec(
+        "embed",
+        "encoder",
+        inputs=(IOSpec("text", "BYTES", (1,), "the sentence (UTF-8); cut to max_seq_len tokens"),),
+        outputs=(IOSpec("embedding", "FP32", (-1,), "the sentence vector: pooled tokens, L2-normalised"),),
+    ),
 }
+
+POOLINGS = ("mean", "cls")
+"""How `embed` pools the encoder's tokens into one vector: mean over the real tokens, or the [CLS] token."""
 
 
 @dataclasses.dataclass
@@ -175,6 +184,33 @@ def read_labels(model_dir: str | Path) -> list[str] | None:
     return [str(id2label[k]) for k in sorted(id2label, key=lambda k: int(k))]
 
 
+def read_pooling(model_dir: str | Path, chosen: str | None = None) -> tuple[str | None, int | None]:
+    """A sentence-transformers directory's pooling ("mean" or "cls", from modules.json's Pooling module config)
+    and its max_seq_length (sentence_bert_config.json); None for what it lacks. `chosen` (--pooling) wins over
+    the config, and an unsupported config is an error only without it."""
+    from bertforge.serve.export import st_modules
+
+    model_dir = Path(model_dir)
+    pooling, max_len = None, None
+    for m in st_modules(model_dir):
+        if not str(m.get("type", "")).endswith("Pooling"):
+            continue
+        p = model_dir / m.get("path", "") / "config.json"
+        cfg = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+        modes = [k[len("pooling_mode_") :] for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
+        named = {"mean_tokens": "mean", "cls_token": "cls"}
+        if chosen is None and (len(modes) != 1 or modes[0] not in named):
+            raise UserError(
+                f"{p}: pooling {modes or 'none'} is not supported (mean_tokens or cls_token); "
+                "pass --pooling mean or --pooling cls to choose one"
+            )
+        pooling = chosen or named[modes[0]]
+    sb = model_dir / "sentence_bert_config.json"
+    if sb.is_file():
+        max_len = json.loads(sb.read_text(encoding="utf-8")).get("max_seq_length")
+    return pooling, max_len
+
+
 class Predictor:
     """One model + tokenizer for one task; `__call__(inputs)` maps decoded string inputs to output arrays."""
 
@@ -188,6 +224,7 @@ class Predictor:
         max_positions: int = 512,
         type_vocab_size: int = 2,
         precision: str = "fp32",
+        pooling: str = "mean",
     ):
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -200,6 +237,9 @@ class Predictor:
                 f"max_seq_len {limits.max_seq_len}; raise --max-seq-len"
             )
         self.labels = list(labels) if labels else None
+        if pooling not in POOLINGS:
+            raise UserError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
+        self.pooling = pooling
         # bf16 autocast halves the matmul time on CPUs with native bf16 (and on GPUs); outputs stay fp32
         self.device = next(model.parameters()).device
         self.precision = dev.resolve_precision(precision, self.device)
@@ -219,11 +259,13 @@ class Predictor:
         precision: str = "fp32",
         device: str = "cpu",
         fit_seq_len: bool = False,
+        pooling: str | None = None,
     ) -> Predictor:
         """The model of a Hugging Face directory on `device` (a `bertforge.device.resolve_device` spec: auto, cpu,
         cuda[:N], ...). `fit_seq_len`: lower `limits.max_seq_len` to the model's positions when it has fewer
-        (`bertforge serve` without `--max-seq-len`)."""
-        from bertforge.model.hf_interop import load_pretrained
+        (`bertforge serve` without `--max-seq-len`), and for `embed` to a sentence-transformers model's own
+        max_seq_length. `pooling` (embed): None takes the model's own pooling config, else mean."""
+        from bertforge.serve.export import load
 
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -235,15 +277,19 @@ class Predictor:
             )
         labels = read_labels(model_dir) if task == "classify" else None
         num_labels = len(labels) if labels else 2
-        model, config = load_pretrained(model_dir, TASKS[task].head, num_labels=num_labels)
+        model, config = load(model_dir, TASKS[task].head, num_labels=num_labels)
+        if task == "embed":
+            model = model.bert  # the encoder alone: (B, T) ids -> (B, T, H) token vectors
         model.to(dev.resolve_device(device))
         if task == "classify" and labels is None:
             labels = [f"LABEL_{i}" for i in range(num_labels)]
         # RoBERTa's positions start after its padding index
         positions = config.max_position_embeddings - (config.pad_token_id + 1 if config.model_type == "roberta" else 0)
+        own_pooling, own_len = read_pooling(model_dir, pooling) if task == "embed" else (None, None)
         limits = limits or Limits()
-        if fit_seq_len and limits.max_seq_len > positions:
-            limits = dataclasses.replace(limits, max_seq_len=positions)
+        fitted = min(positions, own_len or positions)
+        if fit_seq_len and limits.max_seq_len > fitted:
+            limits = dataclasses.replace(limits, max_seq_len=fitted)
         return cls(
             task,
             model,
@@ -253,6 +299,7 @@ class Predictor:
             max_positions=positions,
             type_vocab_size=config.type_vocab_size,
             precision=precision,
+            pooling=pooling or own_pooling or "mean",
         )
 
     # ---------------------------------------------------------------- shared
@@ -276,15 +323,21 @@ class Predictor:
     def encode(self, inputs: dict[str, list[str]]) -> list[Any]:
         """Validate one request's decoded inputs and turn each row into what `predict` takes."""
         check_request_bytes(inputs, self.limits.max_request_bytes)
-        return {"qa": self._encode_qa, "classify": self._encode_classify, "fill-mask": self._encode_fill_mask}[
-            self.task
-        ](inputs)
+        return {
+            "qa": self._encode_qa,
+            "classify": self._encode_classify,
+            "fill-mask": self._encode_fill_mask,
+            "embed": self._encode_classify,  # [CLS] text [SEP], cut to max_seq_len
+        }[self.task](inputs)
 
     def predict(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
         """One model call for rows of any number of requests; one output dict (no batch dim) per row."""
-        return {"qa": self._predict_qa, "classify": self._predict_classify, "fill-mask": self._predict_fill_mask}[
-            self.task
-        ](rows)
+        return {
+            "qa": self._predict_qa,
+            "classify": self._predict_classify,
+            "fill-mask": self._predict_fill_mask,
+            "embed": self._predict_embed,
+        }[self.task](rows)
 
     def warmup(self, rows: int = 1) -> None:
         """One model call of `rows` rows of max_seq_len tokens, through the whole request path, before serving.
@@ -354,6 +407,19 @@ class Predictor:
                 }
             )
         return res
+
+    # ---------------------------------------------------------------- embed
+    def _predict_embed(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
+        seq = self._forward([r[0] for r in rows], [r[1] for r in rows]).float()  # (B, T, H)
+        if self.pooling == "cls":
+            vec = seq[:, 0]  # (B, H)
+        else:  # mean over the real tokens ([CLS] and [SEP] included, as sentence-transformers does)
+            real = torch.zeros(seq.shape[:2], device=seq.device)  # (B, T)
+            for i, (ids, _) in enumerate(rows):
+                real[i, : len(ids)] = 1
+            vec = (seq * real[..., None]).sum(1) / real.sum(1, keepdim=True).clamp(min=1e-9)  # (B, H)
+        vec = torch.nn.functional.normalize(vec, p=2, dim=-1).cpu().numpy()
+        return [{"embedding": v.astype(np.float32)} for v in vec]
 
     # ---------------------------------------------------------------- fill-mask
     def _encode_fill_mask(self, inputs: dict[str, list[str]]) -> list[Any]:
