@@ -110,7 +110,7 @@ def test_request_validation(preds):
 
 
 def test_limits_and_model_dir_errors(head_models, tmp_path):
-    with pytest.raises(UserError, match="max_query_length"):
+    with pytest.raises(UserError, match="no room for context after a question of up to 64 tokens; raise --max-seq"):
         Predictor.from_dir("qa", head_models["qa"], Limits(max_seq_len=40, max_query_length=64))
     with pytest.raises(UserError, match="config.json"):
         Predictor.from_dir("qa", tmp_path)
@@ -161,6 +161,6 @@ def test_serve_cli_argument_errors(head_models, capsys):
     assert main(["serve", "--model", str(head_models["qa"]), "--task", "qa", "--task", "classify"]) == 2
     assert "one --task per --model" in capsys.readouterr().err
     assert main(["serve", "--model", str(head_models["qa"]), "--task", "qa", "--max-batch", "0"]) == 2
-    assert "max_batch" in capsys.readouterr().err
+    assert "--max-batch must be at least 1" in capsys.readouterr().err
     assert main(["predict", "--task", "qa", "--question", "q"]) == 2
     assert "--context" in capsys.readouterr().err

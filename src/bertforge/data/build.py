@@ -36,6 +36,7 @@ from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.errors import UserError
+from bertforge.runtime.progress import Progress
 
 BLOCK_ROWS = 4096
 """Rows built, masked and written at a time (bounds a worker's memory)."""
@@ -476,6 +477,7 @@ def _worker_init() -> None:
 def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     done_tokens = 0
+    progress = Progress("data shards", len(jobs), "shards", log, every_s=0)
 
     def report(e: dict[str, Any]) -> None:
         nonlocal done_tokens
@@ -483,10 +485,9 @@ def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[
         done_tokens += e["tokens"]
         el = time.perf_counter() - t0
         docs = sum(x["documents"] for x in entries)
-        log(
-            f"  shard {len(entries)}/{len(jobs)} {e['file']}: {e['instances']} instances"
-            f"{' (kept, already finished)' if e['skipped'] else ''} | {docs / el:,.0f} docs/s | "
-            f"{done_tokens / el / 1e6:.2f} M tokens/s"
+        progress.update(
+            note=f"{e['file']}: {e['instances']} instances{' (kept, already finished)' if e['skipped'] else ''} | "
+            f"{docs / el:,.0f} docs/s | {done_tokens / el / 1e6:.2f} M tokens/s"
         )
 
     if n_workers == 1:

@@ -38,6 +38,7 @@ from bertforge.data.packing_rows import build_packed_rows, mlm_width, prediction
 from bertforge.data.shardset import KIND_ATTR, NVIDIA_KEYS, ShardSet, read_json
 from bertforge.errors import UserError
 from bertforge.runtime.io import write_text
+from bertforge.runtime.progress import Progress
 
 METADATA = "packing.json"
 """Name of the metadata file beside the packed shards (the pretrain loader reads it)."""
@@ -226,7 +227,7 @@ def _append_bucket(path: Path, rows: dict[str, list[np.ndarray]]) -> None:
                 d[-len(arr) :] = arr
 
 
-def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig) -> None:
+def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig, log: Callable[[str], None]) -> None:
     """Pass 2a: stream the inputs once, appending each row to the bucket file of its output shard (a bounded
     buffer in between); a finished pass leaves `buckets.done`."""
     done_marker = work / "buckets.done"
@@ -236,6 +237,7 @@ def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig
         p.unlink()
     buf: dict[int, dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
     buffered, limit, start = 0, cfg.buffer_mb << 20, 0
+    progress = Progress("pack: reading", sum(info.rows for info in shards.infos), "rows", log)
 
     def flush() -> None:
         for i, parts in buf.items():
@@ -246,6 +248,7 @@ def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig
         with h5py.File(info.path, "r") as f:
             for a in range(0, info.rows, cfg.chunk_rows):
                 b = min(info.rows, a + cfg.chunk_rows)
+                progress.update(b - a)
                 d = dest[start + a : start + b]
                 if (d < 0).all():
                     continue
@@ -304,13 +307,14 @@ def _write_packed(cfg: PackConfig, shards: ShardSet, plan: _Plan, out: Path, log
         "max_pred": shards.max_pred,
         "mlm_width": plan.width,
     }
+    progress = Progress("pack", len(plan.todo), "shards", log, every_s=0)
     for i in plan.todo:
         sel = plan.packs[plan.bounds[i] : plan.bounds[i + 1]]
         bucket = out / WORK_DIR / f"bucket_{i:05d}.h5"
         samples, local = _bucket_samples(bucket, sel, shards.seq_len, shards.max_pred)
         write_shard(out / plan.names[i], build_packed_rows(samples, local, plan.width), attrs=attrs)
         bucket.unlink(missing_ok=True)
-        log(f"pack: wrote {plan.names[i]} ({len(sel)} packs)")
+        progress.update(note=f"wrote {plan.names[i]} ({len(sel)} packs)")
 
 
 def _write_metadata(cfg: PackConfig, shards: ShardSet, plan: _Plan, plan_id: str, out: Path) -> dict[str, Any]:
@@ -351,7 +355,7 @@ def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str
         return done
     plan = _plan(cfg, shards, out, n_out, log)
     if plan.todo:
-        _bucket_rows(shards, plan.dest, out / WORK_DIR, cfg)
+        _bucket_rows(shards, plan.dest, out / WORK_DIR, cfg, log)
     _write_packed(cfg, shards, plan, out, log)
     meta = _write_metadata(cfg, shards, plan, plan_id, out)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)

@@ -287,7 +287,7 @@ def train_wordpiece(
         raise UserError("no document files to train a vocab on; run `bertforge data docs` or `data wiki` first")
     specials = ["[PAD]"] + [f"[unused{i}]" for i in range(unused_tokens)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     if vocab_size <= len(specials) + 26:
-        raise UserError(f"vocab_size {vocab_size} is too small for {len(specials)} special tokens plus an alphabet")
+        raise UserError(f"--vocab-size {vocab_size} is too small for {len(specials)} special tokens plus an alphabet")
     tok = _bert_wordpiece(lowercase)
     continuations = _continuation_symbols(tok, paths)
     if not continuations:

@@ -59,8 +59,8 @@ class FinetuneTrainConfig(TrainConfig):
     """Also evaluate (and keep the best model) every N updates (0: only at the end of each epoch)."""
     tensorboard: bool = False
     """Write TensorBoard scalars to output_dir/tensorboard."""
-    plot: bool = False
-    """Draw PNG curves (loss, metrics) in output_dir at the end."""
+    plot: bool = True
+    """Draw output_dir/metrics.png at the end: the training loss and the dev set's main metric per step."""
     epochs: float = 3.0
     """Passes over the training set (fractions allowed)."""
     eval_batch_size: int = 128

@@ -48,6 +48,7 @@ from bertforge.runtime.activation import apply_activation_checkpointing
 from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger
 from bertforge.runtime.preempt import Preemption
+from bertforge.runtime.progress import Progress
 from bertforge.runtime.step import TrainStep, set_lr, train_step
 
 SQUAD_TASKS = ("squad", "squad_v2")
@@ -165,9 +166,17 @@ def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarr
 # ------------------------------------------------------------------------------------------- evaluation
 @torch.inference_mode()
 def predict(
-    model, data: Encoded, batch_size: int, pad_id: int, device: torch.device, precision: str, outputs: Sequence[str]
+    model,
+    data: Encoded,
+    batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    precision: str,
+    outputs: Sequence[str],
+    progress: Progress | None = None,
 ) -> dict[str, list[np.ndarray]]:
-    """Per-row model outputs (each trimmed to the row's length for per-token outputs), in row order."""
+    """Per-row model outputs (each trimmed to the row's length for per-token outputs), in row order;
+    `progress` counts the rows."""
     model.eval()
     lengths = np.array([len(x) for x in data.input_ids])
     result: dict[str, list[Any]] = {k: [None] * len(data) for k in outputs}
@@ -179,6 +188,8 @@ def predict(
             values = getattr(out, k).float().cpu().numpy()
             for i, r in enumerate(rows):
                 result[k][r] = values[i, : lengths[r]] if values.ndim == 2 and k != "logits" else values[i]
+        if progress is not None:
+            progress.update(len(rows))
     return result
 
 
@@ -434,7 +445,9 @@ def evaluate(s: Session, epoch: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     metrics: dict[str, Any] = {}
     for name, data, score in s.task.evals:
-        out = predict(s.model, data, s.cfg.train.eval_batch_size, s.pad_id, s.device, s.precision, s.task.outputs)
+        progress = Progress(f"evaluate {name}", len(data), "rows", s.say)
+        t = s.cfg.train
+        out = predict(s.model, data, t.eval_batch_size, s.pad_id, s.device, s.precision, s.task.outputs, progress)
         for k, v in score(out).items():
             metrics[k if len(s.task.evals) == 1 else f"{name}/{k}"] = v
     metrics["eval_s"] = time.perf_counter() - t0
@@ -591,8 +604,36 @@ def finish(s: Session) -> dict[str, Any]:
         "skipped_steps": s.skipped,
         "config": dataclasses.asdict(s.cfg),
     }
-    s.logger.finish(summary, plot=s.cfg.train.plot)
+    s.logger.finish(summary, plot=False)  # its plot has pre-training's accuracies; ours the task's metric
+    if s.cfg.train.plot and s.info.is_main:
+        png = plot_finetune(s.out_dir / "metrics.jsonl", s.out_dir / "metrics.png", s.task.main_metric)
+        if png is not None:
+            s.say(f"wrote {png} (training loss, dev {s.task.main_metric})")
     return summary
+
+
+def plot_finetune(jsonl: Path, png: Path, metric: str) -> Path | None:
+    """The training loss and the dev set's main metric (`eval_main`) against the update step, as a PNG."""
+    from bertforge.runtime.metrics import read_jsonl, save_figure
+
+    rows = read_jsonl(jsonl)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, title in ((axes[0], "loss", "training loss"), (axes[1], "eval_main", f"dev {metric}")):
+        pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if pts:
+            ax.plot(*zip(*pts), marker="." if key == "eval_main" else None)
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, png)
 
 
 def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -287,8 +287,9 @@ def load_hf_state_dict(
         )
     if missing and not allow_missing_head:
         raise UserError(
-            f"{source}: head weight(s) missing for task {task}: {', '.join(missing)}; pass "
-            "allow_missing_head=True to start them from a fresh init (fine-tuning)"
+            f"{source}: head weight(s) missing for task {task}: {', '.join(missing)}; the checkpoint has no such "
+            "head: fine-tune one (bertforge finetune), or start it untrained (bertforge export --init-head; "
+            "in Python: allow_missing_head=True)"
         )
     with torch.no_grad():
         for name, value in loaded.items():

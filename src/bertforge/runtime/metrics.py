@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bertforge.runtime.io import atomic_path, write_text
+from bertforge.runtime.progress import format_duration
 
 # console formatting per key: (label, format function); unknown keys print as `key value`
 _FMT = {
@@ -61,11 +62,6 @@ def _si(v: float) -> str:
     return f"{v:.1f}"
 
 
-def _duration(s: float) -> str:
-    s = int(max(0, s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 def format_line(step: int, metrics: dict[str, Any], total_steps: int | None = None, eta_s: float | None = None) -> str:
     head = f"step {step}" + (f"/{total_steps} ({100 * step / total_steps:.0f}%)" if total_steps else "")
     parts = [head]
@@ -75,7 +71,7 @@ def format_line(step: int, metrics: dict[str, Any], total_steps: int | None = No
             v = metrics[key]  # a non-finite number arrives as its string ("nan", see _clean): shown as it is
             parts.append(f"{label} {fmt(v) if isinstance(v, (int, float)) else v}")
     if eta_s is not None:
-        parts.append(f"eta {_duration(eta_s)}")
+        parts.append(f"eta {format_duration(eta_s)}")
     return " | ".join(parts)
 
 

@@ -11,6 +11,10 @@ Outputs: qa `start_logits`, `end_logits` (batch, sequence); classification/regre
 (batch, labels); mlm `logits` (batch, masks, vocab). Every export is checked: onnxruntime must match PyTorch
 within `tolerance` (1e-4) on a batch with padding, or the export fails and nothing is written.
 
+A bare encoder (architectures BertModel/RobertaModel, or task "embed") is exported without a head: HF as a
+BertModel/RobertaModel directory with sentence-transformers' files (modules.json, 1_Pooling/, ...) kept, ONNX
+with one output `last_hidden_state` (batch, sequence, hidden).
+
 Nothing of the user's is replaced by accident (`check_out`): `out` must not exist, be an empty directory, or be
 an earlier export of ours (it holds `bertforge_export.json`, written into every export); anything else needs
 `force`. The current directory, the model directory and any directory above it are never replaced.

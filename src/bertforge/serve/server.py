@@ -1,6 +1,6 @@
 """NVIDIA Triton Inference Server (through PyTriton) serving the tasks of `tasks.TASKS`.
 
-One Triton server, one model per task (`qa`, `classify`, `fill_mask`). Triton itself refuses requests with
+One Triton server, one model per task (`qa`, `classify`, `fill_mask`, `embed`). Triton itself refuses requests with
 unknown input names, wrong datatypes or shapes and batches over `max_batch`; the served function refuses
 empty or non-UTF-8 strings and oversized requests (`tasks.RequestError`), and the server keeps serving.
 With dynamic batching, Triton gathers queued requests into one call (up to `max_batch` rows, waiting at most
@@ -60,11 +60,11 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
-            raise UserError(f"max_batch must be at least 1, not {self.max_batch}")
+            raise UserError(f"--max-batch must be at least 1, not {self.max_batch}")
         if self.instances < 1:
-            raise UserError(f"instances must be at least 1, not {self.instances}")
+            raise UserError(f"--instances must be at least 1, not {self.instances}")
         if self.max_queue_delay_us < 0:
-            raise UserError("max_queue_delay_us must be >= 0")
+            raise UserError(f"--max-queue-delay-us must be >= 0, not {self.max_queue_delay_us}")
 
 
 def ensure_libpython() -> str:

@@ -124,9 +124,9 @@ class Limits:
 
     def __post_init__(self) -> None:
         if self.max_seq_len < 8:
-            raise UserError(f"max_seq_len {self.max_seq_len} is too small (at least 8)")
+            raise UserError(f"--max-seq-len {self.max_seq_len} is too small (at least 8)")
         if self.max_request_bytes < 1:
-            raise UserError("max_request_bytes must be positive")
+            raise UserError(f"--max-request-bytes must be positive, not {self.max_request_bytes}")
 
 
 def decode_strings(name: str, arr: Any, *, allow_empty: bool = False) -> list[str]:
@@ -230,11 +230,14 @@ class Predictor:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         self.task, self.spec, self.model, self.tok, self.limits = task, TASKS[task], model.eval(), tokenizer, limits
         if limits.max_seq_len > max_positions:
-            raise UserError(f"max_seq_len {limits.max_seq_len} is over the model's {max_positions} positions")
+            raise UserError(
+                f"--max-seq-len {limits.max_seq_len} is over the model's {max_positions} positions; "
+                f"pass --max-seq-len {max_positions} or less, or leave it out"
+            )
         if task == "qa" and limits.max_query_length + 3 >= limits.max_seq_len:
             raise UserError(
-                f"QA: max_query_length {limits.max_query_length} leaves no room for context in "
-                f"max_seq_len {limits.max_seq_len}; raise --max-seq-len"
+                f"QA: --max-seq-len {limits.max_seq_len} leaves no room for context after a question of up to "
+                f"{limits.max_query_length} tokens; raise --max-seq-len"
             )
         self.labels = list(labels) if labels else None
         if pooling not in POOLINGS:
