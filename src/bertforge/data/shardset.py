@@ -17,10 +17,12 @@ plain, frozen data: cheap to pickle into DataLoader workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -146,6 +148,20 @@ def open_shard(path: Path):
         ) from None
 
 
+@contextlib.contextmanager
+def reading(path: str | os.PathLike) -> Iterator[None]:
+    """Reads of shard `path` inside: h5py's errors of a damaged file (a bit flip fails decompression, a
+    truncated file a read past its end) become one UserError naming the file."""
+    try:
+        yield
+    except (OSError, KeyError, RuntimeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(
+            f"shard {path} is corrupt or truncated ({first}); re-create it with the command that wrote it "
+            "(`bertforge data shards` or `bertforge pack`) or delete the file"
+        ) from None
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     """One shard, from its HDF5 metadata."""
@@ -162,22 +178,17 @@ class ShardInfo:
     def read(cls, path: Path) -> ShardInfo:
         import h5py
 
-        try:
-            with open_shard(path) as h:
-                keys = set(h.keys())
-                attrs = {k: _plain(v) for k, v in h.attrs.items()}
-                if "input_ids" not in keys or "input_mask" not in keys:
-                    raise UserError(
-                        f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
-                        "shard: move it out of the directory"
-                    )
-                rows, seq_len = h["input_ids"].shape
-                max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
-                sizes = {k: h[k].shape[0] for k in keys if isinstance(h[k], h5py.Dataset) and h[k].shape}
-        except (OSError, KeyError) as e:
-            raise UserError(
-                f"shard {path} cannot be read ({e}); re-create it with `bertforge data shards` or delete it"
-            ) from None
+        with open_shard(path) as h, reading(path):
+            keys = set(h.keys())
+            attrs = {k: _plain(v) for k, v in h.attrs.items()}
+            if "input_ids" not in keys or "input_mask" not in keys:
+                raise UserError(
+                    f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
+                    "shard: move it out of the directory"
+                )
+            rows, seq_len = h["input_ids"].shape
+            max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
+            sizes = {k: h[k].shape[0] for k in keys if isinstance(h[k], h5py.Dataset) and h[k].shape}
         bad = {k: n for k, n in sizes.items() if n != rows}
         if bad:
             raise UserError(
@@ -237,6 +248,14 @@ class ShardSet:
         manifest = read_manifest(directory)
         if p.is_dir():
             _check_listed(directory, manifest, infos)
+            if not manifest:
+                # shards copied by hand or from another tool: usable, but a missing one would go unnoticed
+                print(
+                    f"warning: {directory} has no {MANIFEST} (or packing.json/metadata.json): cannot check that "
+                    f"all its shards are there; using the {len(infos)} found",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return cls(directory, infos, manifest)
 
     # ------------------------------------------------------------------------------------ plain facts

@@ -16,10 +16,15 @@ temporary file into place.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from bertforge.errors import UserError
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def temp_name(path: str | os.PathLike, tag: str = "tmp") -> Path:
@@ -78,9 +83,25 @@ def _atomic(path: str | os.PathLike, directory: bool) -> Iterator[Path]:
     try:
         yield tmp
         commit(tmp, final)
-    except BaseException:
+    except BaseException as e:
         _discard(tmp)
+        raise_if_disk_full(e, final)
         raise
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """An OSError of a full disk or quota: errno ENOSPC/EDQUOT, or h5py's message of one (its errno is None)."""
+    return isinstance(e, OSError) and (e.errno in DISK_FULL or "No space left on device" in str(e))
+
+
+def raise_if_disk_full(e: BaseException, path: str | os.PathLike) -> None:
+    """A full disk while writing `path` (its temporary file already removed) as one line: nothing earlier was
+    touched, since every output is renamed into place only when complete."""
+    if is_disk_full(e):
+        raise UserError(
+            f"no space left on the device while writing {path}; it was not written (earlier outputs are intact): "
+            "free some space and run the command again"
+        ) from None
 
 
 def atomic_path(path: str | os.PathLike) -> contextlib.AbstractContextManager[Path]:
@@ -116,3 +137,24 @@ def remove_stale(directory: str | os.PathLike) -> int:
         _discard(p)
         n += 1
     return n
+
+
+@contextlib.contextmanager
+def output_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Create `path` (and missing parents) for a command's outputs; if the command fails, the directories it
+    created are removed again when they hold nothing (a failed run leaves no empty output directory behind)."""
+    d = Path(path)
+    created = [p for p in (d, *d.parents) if not p.exists()]
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another path") from None
+    try:
+        yield d
+    except BaseException:
+        for p in created:  # deepest first
+            if p.is_dir():
+                remove_stale(p)
+            with contextlib.suppress(OSError):
+                p.rmdir()  # only when empty
+        raise
