@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bertforge.errors import UserError
+from bertforge.errors import UserError, first_line
 
 # dataset -> dtype of each kind's schema, in the order the writers create them
 NVIDIA_SCHEMA: dict[str, type] = {  # DESIGN §3.2
@@ -155,9 +155,8 @@ def reading(path: str | os.PathLike) -> Iterator[None]:
     try:
         yield
     except (OSError, KeyError, RuntimeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(
-            f"shard {path} is corrupt or truncated ({first}); re-create it with the command that wrote it "
+            f"shard {path} is corrupt or truncated ({first_line(e)}); re-create it with the command that wrote it "
             "(`bertforge data shards` or `bertforge pack`) or delete the file"
         ) from None
 
@@ -373,6 +372,32 @@ class ShardSet:
                 f"shards in {where} were built with different vocab files (sha256 differs); rebuild the "
                 "eval shards with the training vocab"
             )
+
+    def check_vocab(self, vocab_file: str | os.PathLike, option: str = "data.vocab") -> None:
+        """A UserError unless `vocab_file` is the vocab the manifest records (its sha256; or, when that file
+        still exists, the same tokens): a different one would train on ids that mean other words and ship
+        the wrong vocab.txt with every checkpoint. No recorded hash: nothing to check."""
+        if self.vocab_sha is None:
+            return
+        from bertforge.data.vocab import load_tokenizer, vocab_hash
+
+        given = Path(vocab_file)
+        # vocab.txt and tokenizer.json of one directory are one vocab written twice; the manifest names either
+        if any(
+            vocab_hash(p) == self.vocab_sha
+            for p in {given, given.parent / "vocab.txt", given.parent / "tokenizer.json"}
+            if p.is_file()
+        ):
+            return
+        recorded = self.vocab_file
+        if recorded is not None and load_tokenizer(recorded).get_vocab() == load_tokenizer(given).get_vocab():
+            return
+        was = recorded or self.manifest.get("vocab") or f"sha256 {self.vocab_sha[:12]}"
+        raise UserError(
+            f"{option} {given} is not the vocab the shards in {self.directory} were built with ({was}); "
+            f"checkpoints would ship the wrong vocab.txt: set {option} to {was if recorded else 'that file'} "
+            "(or leave it unset to take the manifest's), or rebuild the shards with this vocab"
+        )
 
     # ------------------------------------------------------------------------------------ batch arithmetic
     def rows_per_update(self, global_batch: int, micro_batch: int, world_size: int) -> int:
