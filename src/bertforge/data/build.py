@@ -16,10 +16,10 @@ eval shards); a re-run skips shards whose file exists with the same parameter ha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
-import contextlib
 import itertools
 import json
 import multiprocessing as mp

@@ -76,6 +76,15 @@ def _docs_common(p: argparse.ArgumentParser) -> None:
 
 
 def data_run(args: argparse.Namespace) -> int:
+    if args.data_command in ("wiki", "docs", "vocab"):
+        from bertforge.runtime.io import output_dir
+
+        with output_dir(args.out):  # removed again when the step fails before writing anything
+            return _data_step(args)
+    return _data_step(args)
+
+
+def _data_step(args: argparse.Namespace) -> int:
     cmd = args.data_command
     if cmd == "wiki":
         from bertforge.data.documents import run_wiki

@@ -348,7 +348,11 @@ def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str
             return done
         plan = _plan(cfg, shards, out, n_out, log)
         if plan.todo:
-            _bucket_rows(shards, plan.dest, out / WORK_DIR, cfg)
+            try:
+                _bucket_rows(shards, plan.dest, out / WORK_DIR, cfg)
+            except UserError:
+                shutil.rmtree(out / WORK_DIR, ignore_errors=True)  # unfinished buckets: a re-run starts them over
+                raise
         _write_packed(cfg, shards, plan, out, log)
         meta = _write_metadata(cfg, shards, plan, plan_id, out)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)

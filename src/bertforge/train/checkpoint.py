@@ -48,16 +48,13 @@ class Checkpoint:
 
     def meta(self) -> dict[str, Any]:
         path = self.path / META_FILE
+        fix = f"delete {self.path} to resume from the previous checkpoint"
         try:
             out = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
-            raise UserError(
-                f"checkpoint {path} is not valid JSON ({e}); delete {self.path} to resume from the previous checkpoint"
-            ) from None
+            raise UserError(f"checkpoint {path} is not valid JSON ({e}); {fix}") from None
         if not isinstance(out, dict):
-            raise UserError(
-                f"checkpoint {path} does not hold a JSON object; delete {self.path} to resume from the previous checkpoint"
-            )
+            raise UserError(f"checkpoint {path} does not hold a JSON object; {fix}")
         return out
 
     def load_state(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
