@@ -249,3 +249,22 @@ def test_a_directory_without_manifest_is_named_in_a_warning(built, capsys):
     ShardSet.open(built)
     err = capsys.readouterr().err
     assert "warning" in err and str(built.resolve()) in err and "manifest.json" in err
+
+
+def test_a_full_disk_while_writing_document_shards_is_one_line_and_loses_nothing(corpus, tmp_path, monkeypatch, capsys):
+    from bertforge.data import documents
+
+    docs, _ = corpus
+    out = tmp_path / "docs_out"
+    argv = ["data", "docs", "--source", str(docs / "docs_0.txt"), "--out", str(out), "--shards", "2", "--workers", "1"]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full_disk(self, doc):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(documents.ShardWriter, "write", full_disk)
+    capsys.readouterr()
+    assert main([*argv[:-4], "--shards", "3", "--workers", "1"]) == 2  # other settings: rewritten
+    _one_line(capsys.readouterr().err, "no space left", out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and _hidden(out) == []
