@@ -268,3 +268,14 @@ def test_a_full_disk_while_writing_document_shards_is_one_line_and_loses_nothing
     assert main([*argv[:-4], "--shards", "3", "--workers", "1"]) == 2  # other settings: rewritten
     _one_line(capsys.readouterr().err, "no space left", out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and _hidden(out) == []
+
+
+def test_a_real_full_disk_while_writing_shards_is_one_line_without_h5py_noise(corpus, tmp_path, small_tmpfs, capfd):
+    _, vocab = corpus
+    big = _corpus(tmp_path / "big" / "docs_0.txt", 8000, seed=5)
+    disk = small_tmpfs("1m")
+    capfd.readouterr()
+    assert main(_shards_argv(big.parent, vocab, disk / "shards")) == 2
+    err = capfd.readouterr().err
+    _one_line(err, "no space left", disk / "shards")
+    assert list(disk.iterdir()) == []  # no temporary shard, no spill, no empty directory

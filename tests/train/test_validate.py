@@ -137,3 +137,15 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_earlier_one(shards, tmp
     kept = ckpt.latest_checkpoint(out / "checkpoints")
     assert kept.step == 3 and kept.load_state()["train_state"]["step"] == 3
     assert [p.name for p in (out / "checkpoints").iterdir()] == [kept.path.name]  # no temporary directory
+
+
+def test_a_real_full_disk_while_saving_keeps_the_earlier_checkpoint(shards, overrides, capfd, small_tmpfs):
+    """On a 9 MiB tmpfs one checkpoint of the tiny model fits (about 5 MiB), the second does not."""
+    out = small_tmpfs("9m") / "run"
+    argv = _argv(overrides, shards, out, **{"train.max_steps": 30, "train.save_every": 3, "train.keep_last": 9})
+    capfd.readouterr()
+    assert main(argv) == 2
+    _one_line(capfd.readouterr().err, "no space left", out / "checkpoints" / "step_00000006")
+    kept = ckpt.latest_checkpoint(out / "checkpoints")
+    assert kept.step == 3 and kept.load_state()["train_state"]["step"] == 3
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [kept.path.name]

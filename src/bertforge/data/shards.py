@@ -26,10 +26,12 @@ counts, the vocab hash and a sha256 per shard.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +131,21 @@ def write_manifest(directory: str | os.PathLike, manifest: Mapping[str, Any]) ->
     return write_text(Path(directory) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+@contextlib.contextmanager
+def _quiet_h5py_dealloc() -> Iterator[None]:
+    """h5py object ids freed after a failed write (a full disk) flush again and print "Exception ignored"
+    tracebacks from their destructors; the failure itself is reported once, by the caller."""
+    hooks = sys.unraisablehook, sys.excepthook  # h5py's destructors print through both
+    sys.unraisablehook, sys.excepthook = (lambda *_: None), (lambda *_: None)
+    try:
+        yield
+    except BaseException:
+        gc.collect()  # the failed objects' destructors run now, while quiet
+        raise
+    finally:
+        sys.unraisablehook, sys.excepthook = hooks
+
+
 class ShardWriter:
     """Write a shard block by block (bounded memory), atomically: datasets are pre-sized, rows written in
     order, and the file is renamed into place on `close()`; `abort()` (or an exception in a `with`) removes it.
@@ -169,8 +186,13 @@ class ShardWriter:
             raise
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
-        for name, arr in arrays.items():
-            self.f[name][start : start + arr.shape[0]] = arr
+        with _quiet_h5py_dealloc():
+            for name, arr in arrays.items():
+                ds = self.f[name]
+                try:
+                    ds[start : start + arr.shape[0]] = arr
+                finally:
+                    del ds  # freed here, inside the quiet block, when the write failed
 
     def close(self) -> Path:
         try:
@@ -184,8 +206,11 @@ class ShardWriter:
 
     def abort(self) -> None:
         # closing flushes: on a full disk it fails too, and the error being handled is the one to report
-        with contextlib.suppress(Exception):
-            self.f.close()
+        with _quiet_h5py_dealloc():
+            try:
+                self.f.close()
+            except Exception:  # noqa: BLE001 - reported by the caller
+                gc.collect()
         self.tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> ShardWriter:

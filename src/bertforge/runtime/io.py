@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,17 +91,27 @@ def _atomic(path: str | os.PathLike, directory: bool) -> Iterator[Path]:
 
 
 def is_disk_full(e: BaseException) -> bool:
-    """An OSError of a full disk or quota: errno ENOSPC/EDQUOT, or h5py's message of one (its errno is None)."""
-    return isinstance(e, OSError) and (e.errno in DISK_FULL or "No space left on device" in str(e))
+    """A full disk or quota: an OSError ENOSPC/EDQUOT, a library's error that carries the OS message (h5py's
+    OSError without errno, safetensors' SafetensorError), or an error raised while handling one."""
+    seen: BaseException | None = e
+    for _ in range(8):  # torch.save's writer reports the OSError it met as a RuntimeError with it as the context
+        if seen is None or not isinstance(seen, Exception):
+            return False
+        if getattr(seen, "errno", None) in DISK_FULL or "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def raise_if_disk_full(e: BaseException, path: str | os.PathLike) -> None:
     """A full disk while writing `path` (its temporary file already removed) as one line: nothing earlier was
     touched, since every output is renamed into place only when complete."""
     if is_disk_full(e):
+        # name what the user asked for, not a temporary name (atomic writers nest: a model dir in a checkpoint)
+        shown = Path(*(re.sub(r"^\.(.+)\.(?:tmp|old)-\d+(.*)$", r"\1\2", part) for part in Path(path).parts))
         raise UserError(
-            f"no space left on the device while writing {path}; it was not written (earlier outputs are intact): "
-            "free some space and run the command again"
+            f"no space left on the device while writing {shown}; it was not written (earlier outputs are "
+            "intact): free some space and run the command again"
         ) from None
 
 
