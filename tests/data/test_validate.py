@@ -279,3 +279,15 @@ def test_a_real_full_disk_while_writing_shards_is_one_line_without_h5py_noise(co
     err = capfd.readouterr().err
     _one_line(err, "no space left", disk / "shards")
     assert list(disk.iterdir()) == []  # no temporary shard, no spill, no empty directory
+
+
+def test_a_full_disk_while_pack_buckets_rows_is_one_line(built, tmp_path, monkeypatch, capsys):
+    from bertforge.data import packing
+
+    def full_disk(path, rows):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(packing, "_append_bucket", full_disk)
+    out = tmp_path / "packed"
+    assert main(["pack", "--in", str(built), "--out", str(out)]) == 2
+    _one_line(capsys.readouterr().err, "no space left", out)

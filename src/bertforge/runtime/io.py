@@ -153,7 +153,8 @@ def remove_stale(directory: str | os.PathLike) -> int:
 @contextlib.contextmanager
 def output_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Create `path` (and missing parents) for a command's outputs; if the command fails, the directories it
-    created are removed again when they hold nothing (a failed run leaves no empty output directory behind)."""
+    created are removed again when they hold nothing (a failed run leaves no empty output directory behind),
+    and a full disk is one line naming `path`."""
     d = Path(path)
     created = [p for p in (d, *d.parents) if not p.exists()]
     try:
@@ -162,10 +163,11 @@ def output_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another path") from None
     try:
         yield d
-    except BaseException:
+    except BaseException as e:
         for p in created:  # deepest first
             if p.is_dir():
                 remove_stale(p)
             with contextlib.suppress(OSError):
                 p.rmdir()  # only when empty
+        raise_if_disk_full(e, d)  # a write no atomic writer saw (a pack bucket, a spill file)
         raise
