@@ -46,3 +46,25 @@ def tiny_corpus(tmp_path) -> Path:
     path = tmp_path / "corpus.txt"
     path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """`mount(size)` -> a fresh tmpfs of that size ("1m"): a real full disk. Skips the test where this user
+    may not mount one (the injected-ENOSPC tests cover the same code); unmounted after the test."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"tmpfs_{len(mounted)}"
+        mnt.mkdir()
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True)
+        if made.returncode != 0:
+            pytest.skip("cannot mount a tmpfs here (needs root); the injected-ENOSPC tests cover the same code")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)  # lazy: a file a failed run left open

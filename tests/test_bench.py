@@ -185,3 +185,27 @@ def test_time_to_accuracy_read_off_curves(tmp_path):
 
     png = plot_curves(str(curve), str(tmp_path / "c.png"), 0.5)
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- name: a\n  fn: x:y\n", "expected a mapping"),
+        ("benchmarks: {name: a, fn: 'x:y'}\n", "`benchmarks` must be a list"),
+        ("benchmarks:\n  - name: a\n    fn: x:y\n    params: [1, 2]\n", r"benchmarks\[0\].params must be a mapping"),
+        ("repeat: three\nbenchmarks: []\n", "`repeat` must be a whole number"),
+        ("benchmarks:\n  - {name: a, fn: 'x:y', warmup: -1}\n", "`warmup` must be a whole number"),
+        ("benchmarks:\n  - {name: a, fn: 'x:y'}\nratios:\n  - a\n", r"ratios\[0\] needs name, num, den and metric"),
+        ("benchmarks:\n  - {name: a, fn: 'x:y'}\nratios:\n  - {name: r, num: a}\n", r"ratios\[0\] needs"),
+        ("{1: 2}\n", "unknown top-level keys"),
+        ("benchmarks: [\n", "not valid YAML"),
+    ],
+)
+def test_a_spec_of_the_wrong_shape_is_one_line_naming_the_file(tmp_path, capsys, text, message):
+    p = tmp_path / "shape.yml"
+    p.write_text(text)
+    with pytest.raises(UserError, match=message):
+        harness.load_spec(str(p))
+    assert main(["bench", "--spec", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(p) in err and "Traceback" not in err

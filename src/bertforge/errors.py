@@ -11,3 +11,9 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """An invalid configuration value, key or combination."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (libraries' messages run to several lines), or its type."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

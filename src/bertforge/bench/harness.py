@@ -47,7 +47,7 @@ from typing import Any, cast
 
 import yaml
 
-from bertforge.errors import UserError
+from bertforge.errors import UserError, first_line
 from bertforge.runtime.io import write_text
 
 SPEC_DIRS = [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[3] / "benchmarks"]
@@ -97,43 +97,73 @@ def load_spec(name_or_path: str) -> Spec:
     path = find_spec(name_or_path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"benchmark spec {path} is not valid YAML: {e}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UserError(f"benchmark spec {path} is not valid YAML: {first_line(e)}") from None
+    if not isinstance(raw, dict):
+        raise UserError(
+            f"benchmark spec {path}: expected a mapping with `benchmarks:` (a list), found a {type(raw).__name__}"
+        )
     unknown = set(raw) - {"title", "repeat", "warmup", "interleave", "concurrent", "benchmarks", "ratios", "notes"}
     if unknown:
-        raise UserError(f"benchmark spec {path}: unknown top-level keys {sorted(unknown)}")
-    repeat, warmup = int(raw.get("repeat", 3)), int(raw.get("warmup", 1))
-    benches = []
-    for i, b in enumerate(raw.get("benchmarks") or []):
-        if not isinstance(b, dict) or "name" not in b or "fn" not in b:
-            raise UserError(f"benchmark spec {path}: benchmarks[{i}] needs a name and an fn (module:function)")
-        benches.append(
-            BenchSpec(
-                b["name"],
-                b["fn"],
-                dict(b.get("params") or {}),
-                int(b.get("repeat", repeat)),
-                int(b.get("warmup", warmup)),
-            )
-        )
+        raise UserError(f"benchmark spec {path}: unknown top-level keys {sorted(unknown, key=str)}")
+    repeat, warmup = _count(raw, "repeat", 3, path), _count(raw, "warmup", 1, path)
+    benches = [_bench(b, i, repeat, warmup, path) for i, b in enumerate(_listed(raw, "benchmarks", path))]
     names = [b.name for b in benches]
     if len(set(names)) != len(names):
         raise UserError(f"benchmark spec {path}: benchmark names must be unique")
-    ratios = []
-    for r in raw.get("ratios") or []:
-        ratio = RatioSpec(**r)
-        for side in (ratio.num, ratio.den):
-            if side not in names:
-                raise UserError(f"benchmark spec {path}: ratio {ratio.name!r} names unknown benchmark {side!r}")
-        ratios.append(ratio)
+    ratios = [_ratio(r, i, names, path) for i, r in enumerate(_listed(raw, "ratios", path))]
     return Spec(
-        raw.get("title", path.stem),
+        str(raw.get("title", path.stem)),
         path,
         benches,
         ratios,
         bool(raw.get("interleave", False)),
         bool(raw.get("concurrent", False)),
     )
+
+
+def _listed(raw: dict[str, Any], key: str, path: Path) -> list[Any]:
+    items = raw.get(key) or []
+    if not isinstance(items, list):
+        raise UserError(f"benchmark spec {path}: `{key}` must be a list, not a {type(items).__name__}")
+    return items
+
+
+def _count(raw: dict[str, Any], key: str, default: int, where: Path | str) -> int:
+    v = raw.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise UserError(f"benchmark spec {where}: `{key}` must be a whole number >= 0, not {v!r}")
+    return v
+
+
+def _bench(b: Any, i: int, repeat: int, warmup: int, path: Path) -> BenchSpec:
+    if not isinstance(b, dict) or "name" not in b or "fn" not in b:
+        raise UserError(f"benchmark spec {path}: benchmarks[{i}] needs a name and an fn (module:function)")
+    params = b.get("params") or {}
+    if not isinstance(params, dict):
+        raise UserError(f"benchmark spec {path}: benchmarks[{i}].params must be a mapping")
+    where = f"{path} benchmarks[{i}]"
+    return BenchSpec(
+        str(b["name"]),
+        str(b["fn"]),
+        dict(params),
+        _count(b, "repeat", repeat, where),
+        _count(b, "warmup", warmup, where),
+    )
+
+
+def _ratio(r: Any, i: int, names: list[str], path: Path) -> RatioSpec:
+    fields = {f.name for f in dataclasses.fields(RatioSpec)}
+    if not isinstance(r, dict) or not {"name", "num", "den", "metric"} <= set(r) or set(r) - fields:
+        raise UserError(
+            f"benchmark spec {path}: ratios[{i}] needs name, num, den and metric (optional: target, "
+            "lower_is_better) and nothing else"
+        )
+    ratio = RatioSpec(**r)
+    for side in (ratio.num, ratio.den):
+        if side not in names:
+            raise UserError(f"benchmark spec {path}: ratio {ratio.name!r} names unknown benchmark {side!r}")
+    return ratio
 
 
 def resolve_fn(target: str) -> Callable[..., dict[str, float] | None]:

@@ -16,6 +16,7 @@ eval shards); a re-run skips shards whose file exists with the same parameter ha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -36,6 +37,7 @@ from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.errors import UserError
+from bertforge.runtime.io import output_dir, raise_if_disk_full, remove_stale, temp_name
 from bertforge.runtime.progress import Progress
 
 BLOCK_ROWS = 4096
@@ -305,14 +307,16 @@ def _docs_signature(files: Sequence[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def _check_writable(d: Path) -> None:
+def _check_writable(d: Path) -> Path:
+    """`d`, refused now (not after the corpus is read) when it cannot be written."""
+    probe = d / f".write-test-{os.getpid()}"
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        probe = d / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another --out") from e
+        probe.unlink(missing_ok=True)
+        raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another --out") from None
+    return d
 
 
 def run_shards(
@@ -326,15 +330,22 @@ def run_shards(
 ) -> dict[str, Any]:
     """Write `params.num_shards` training shards into out_dir (and eval shards into eval_dir, when
     params.eval_fraction > 0) with `params.workers` processes (0 = one per core); returns the manifests."""
-    from bertforge.data.vocab import load_tokenizer, special_ids, vocab_hash
-
     params.validate()
     files = document_files(docs)
     out = Path(out_dir)
-    _check_writable(out)
     ev = Path(eval_dir) if eval_dir is not None and params.eval_fraction > 0 else None
-    if ev is not None:
-        _check_writable(ev)
+    with contextlib.ExitStack() as stack:
+        for d in (out, ev) if ev is not None else (out,):
+            _check_writable(stack.enter_context(output_dir(d)))  # removed again if this run fails
+            remove_stale(d)  # the spill and half-written shards of a killed run
+        return _run_shards(files, vocab, out, ev, params, lowercase, log)
+
+
+def _run_shards(
+    files: list[Path], vocab, out: Path, ev: Path | None, params: ShardsConfig, lowercase: bool | None, log
+) -> dict[str, Any]:
+    from bertforge.data.vocab import load_tokenizer, special_ids, vocab_hash
+
     # load once here to fail early on a bad vocab (the workers load their own copy)
     tok = load_tokenizer(vocab, lowercase)
     vocab_sha256 = vocab_hash(vocab)
@@ -348,13 +359,18 @@ def run_shards(
     phash = params_hash(params, vocab_sha256, _docs_signature(files))
 
     t0 = time.perf_counter()
-    spill_dir = out / f".spill-{os.getpid()}"
+    # hidden `.spill.tmp-PID`: the next run's remove_stale deletes it when this one is killed
+    spill_dir = temp_name(out / "spill")
     spill_dir.mkdir(parents=True, exist_ok=True)
     jobs = _jobs(params, phash, out, ev, spill_dir, vocab, lowercase)
     n_workers = max(1, min(params.workers or (os.cpu_count() or 1), len(jobs)))
     try:
         # 1. stream the documents into per-shard spill files; 2. build the shards from them
-        n_docs, n_chars = _spill(files, jobs, params)
+        try:
+            n_docs, n_chars = _spill(files, jobs, params)
+        except OSError as e:
+            raise_if_disk_full(e, spill_dir)
+            raise
         if n_docs == 0:
             raise UserError(f"no documents in {', '.join(map(str, files[:3]))}: the corpus is empty")
         log(

@@ -76,6 +76,15 @@ def _docs_common(p: argparse.ArgumentParser) -> None:
 
 
 def data_run(args: argparse.Namespace) -> int:
+    if args.data_command in ("wiki", "docs", "vocab"):
+        from bertforge.runtime.io import output_dir
+
+        with output_dir(args.out):  # removed again when the step fails before writing anything
+            return _data_step(args)
+    return _data_step(args)
+
+
+def _data_step(args: argparse.Namespace) -> int:
     cmd = args.data_command
     if cmd == "wiki":
         from bertforge.data.documents import run_wiki
@@ -181,12 +190,17 @@ def run_prepare(cfg: Any, log=print) -> dict[str, Any]:
     Each step skips work that is already done with the same settings (the document manifest, an existing
     vocab dir, finished shards), so a re-run after an interruption resumes.
     """
+    from bertforge.runtime.io import output_dir
+
+    with output_dir(cfg.output_dir) as root:  # a run that fails before writing anything leaves no directory
+        return _prepare(cfg, root, log)
+
+
+def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
     from bertforge.config import save_config
     from bertforge.data.build import run_shards
     from bertforge.data.documents import run_docs
 
-    root = Path(cfg.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     docs_dir, vocab_dir = root / "docs", root / "vocab"
     shards_dir, eval_dir = root / cfg.shards_subdir, root / cfg.eval_subdir

@@ -18,6 +18,7 @@ the work.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from bertforge.data import sources, wikiclean, wikidump
 from bertforge.errors import UserError
-from bertforge.runtime.io import commit, remove_stale, temp_name, write_text
+from bertforge.runtime.io import commit, raise_if_disk_full, remove_stale, temp_name, write_text
 
 if TYPE_CHECKING:
     import ctypes
@@ -174,11 +175,14 @@ class ShardWriter:
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         for h in self.handles:
-            h.close()
+            with contextlib.suppress(OSError):  # closing flushes: on a full disk it fails again
+                h.close()
         for t in self.tmps:
             t.unlink(missing_ok=True)
+        if exc is not None:
+            raise_if_disk_full(exc, self.out)
 
 
 def _output_dir(out_dir: str | os.PathLike, num_shards: int) -> Path:

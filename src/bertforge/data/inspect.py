@@ -13,6 +13,7 @@ the sequences per row.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ import h5py
 import numpy as np
 
 from bertforge.data.instances import num_to_predict
-from bertforge.data.shardset import ShardInfo, ShardSet
+from bertforge.data.shardset import ShardInfo, ShardSet, open_shard, reading
+from bertforge.errors import UserError
 
 BLOCK = 65536
 
@@ -84,7 +86,7 @@ def shard_stats(info: ShardInfo | str | Path) -> dict[str, Any]:
     n, seq, kind = info.rows, info.seq_len, info.kind
     max_pred = info.max_pred or int(info.attrs.get("max_pred", 0))
     c = _Counts(seq, max_pred)
-    with h5py.File(info.path, "r") as f:
+    with open_shard(info.path) as f, reading(info.path):
         for a in range(0, n, BLOCK):
             b = min(n, a + BLOCK)
             ids = f["input_ids"][a:b]
@@ -206,6 +208,8 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bertforge.runtime.metrics import save_figure
+
     t = result["total"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     axes[0].bar(range(len(t["seq_len_hist"])), t["seq_len_hist"], width=1.0)
@@ -215,14 +219,24 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
+
+
+def check_plot_path(path: str | Path) -> Path:
+    """--plot names a PNG file: a directory (or a path under a file) is refused before any shard is read."""
+    p = Path(path)
+    if p.is_dir() or str(path).endswith(("/", "\\")):
+        raise UserError(f"--plot {path} is a directory; give a file name, e.g. --plot {p / 'shards.png'}")
+    if any(parent.exists() and not parent.is_dir() for parent in p.parents):
+        raise UserError(f"--plot {path}: a parent of it is a file, not a directory; choose another path")
+    return p
 
 
 def run_inspect(paths: Sequence[str | Path], as_json: bool = False, plot_path: str | None = None) -> int:
+    png = check_plot_path(plot_path) if plot_path else None
     result = inspect_paths(paths)
-    if plot_path:
-        plot(result, plot_path)
     print(json.dumps(result) if as_json else format_report(result))
+    if png is not None:
+        # stderr under --json: stdout stays one JSON document
+        print(f"plot: wrote {plot(result, png)}", file=sys.stderr if as_json else sys.stdout)
     return 0

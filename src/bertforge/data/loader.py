@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertforge.data.shardset import ROW_KEYS, ShardSet
+from bertforge.data.shardset import ROW_KEYS, ShardSet, reading
 from bertforge.errors import UserError
 
 
@@ -154,10 +154,11 @@ class LaneReader:
         if self._cache is None or self._cache[0] != key:
             import h5py
 
-            if shard not in self._files:
-                self._files[shard] = h5py.File(self.spec.files[shard], "r")
-            h = self._files[shard]
-            self._cache = (key, {k: h[k][a:b] for k in h if k in ROW_KEYS})
+            with reading(self.spec.files[shard]):  # a damaged shard: one line naming it
+                if shard not in self._files:
+                    self._files[shard] = h5py.File(self.spec.files[shard], "r")
+                h = self._files[shard]
+                self._cache = (key, {k: h[k][a:b] for k in h if k in ROW_KEYS})
         return self._cache[1]
 
     def rows(self, start: int, n: int) -> list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]:

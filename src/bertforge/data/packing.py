@@ -35,9 +35,9 @@ import numpy as np
 
 from bertforge.data.packing_algorithms import ALGORITHMS, assign_packs, length_histogram, pack_histogram, plan_stats
 from bertforge.data.packing_rows import build_packed_rows, mlm_width, prediction_counts, sample_lengths
-from bertforge.data.shardset import KIND_ATTR, NVIDIA_KEYS, ShardSet, read_json
+from bertforge.data.shardset import KIND_ATTR, NVIDIA_KEYS, ShardSet, open_shard, read_json, reading
 from bertforge.errors import UserError
-from bertforge.runtime.io import write_text
+from bertforge.runtime.io import output_dir, remove_stale, write_text
 from bertforge.runtime.progress import Progress
 
 METADATA = "packing.json"
@@ -109,14 +109,11 @@ def read_lengths(shards: ShardSet, chunk_rows: int = 4096) -> tuple[np.ndarray, 
     small = np.int16 if shards.seq_len < 2**15 else np.int32
     lengths, preds = [], []
     for info in shards.infos:
-        try:
-            with h5py.File(info.path, "r") as f:
-                mask, mpos = f["input_mask"], f["masked_lm_positions"]
-                for a in range(0, info.rows, chunk_rows):
-                    lengths.append(sample_lengths(mask[a : a + chunk_rows]).astype(small))
-                    preds.append(prediction_counts(mpos[a : a + chunk_rows]).astype(np.int16))
-        except OSError as e:
-            raise UserError(f"shard {info.path} cannot be read ({e}); re-create it or delete the file") from None
+        with open_shard(info.path) as f, reading(info.path):
+            mask, mpos = f["input_mask"], f["masked_lm_positions"]
+            for a in range(0, info.rows, chunk_rows):
+                lengths.append(sample_lengths(mask[a : a + chunk_rows]).astype(small))
+                preds.append(prediction_counts(mpos[a : a + chunk_rows]).astype(np.int16))
     return np.concatenate(lengths), np.concatenate(preds)
 
 
@@ -245,7 +242,7 @@ def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig
         buf.clear()
 
     for info in shards.infos:
-        with h5py.File(info.path, "r") as f:
+        with open_shard(info.path) as f, reading(info.path):
             for a in range(0, info.rows, cfg.chunk_rows):
                 b = min(info.rows, a + cfg.chunk_rows)
                 progress.update(b - a)
@@ -346,18 +343,22 @@ def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str
     """Pack the shards of cfg.input_dir into cfg.output_dir; returns the metadata (also in packing.json)."""
     t0 = time.perf_counter()
     shards = _open_input(cfg)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    n_out = cfg.shards or len(shards.files)
-    plan_id = _plan_id(dataclasses.replace(cfg, shards=n_out), shards)
-    done = _resume(out, plan_id, log)
-    if done is not None:
-        return done
-    plan = _plan(cfg, shards, out, n_out, log)
-    if plan.todo:
-        _bucket_rows(shards, plan.dest, out / WORK_DIR, cfg, log)
-    _write_packed(cfg, shards, plan, out, log)
-    meta = _write_metadata(cfg, shards, plan, plan_id, out)
+    with output_dir(cfg.output_dir) as out:
+        remove_stale(out)  # a half-written shard of a killed run
+        n_out = cfg.shards or len(shards.files)
+        plan_id = _plan_id(dataclasses.replace(cfg, shards=n_out), shards)
+        done = _resume(out, plan_id, log)
+        if done is not None:
+            return done
+        plan = _plan(cfg, shards, out, n_out, log)
+        if plan.todo:
+            try:
+                _bucket_rows(shards, plan.dest, out / WORK_DIR, cfg, log)
+            except UserError:
+                shutil.rmtree(out / WORK_DIR, ignore_errors=True)  # unfinished buckets: a re-run starts them over
+                raise
+        _write_packed(cfg, shards, plan, out, log)
+        meta = _write_metadata(cfg, shards, plan, plan_id, out)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)
     log(f"pack: done in {time.perf_counter() - t0:.1f}s; {out / METADATA}")
     return meta

@@ -25,19 +25,22 @@ counts, the vocab hash and a sha256 per shard.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from bertforge.data.shardset import KIND_ATTR, MANIFEST, open_shard  # noqa: F401 (KIND_ATTR: the writers' name)
+from bertforge.data.shardset import KIND_ATTR, MANIFEST, open_shard, reading  # noqa: F401 (KIND_ATTR: the writers' name)
 from bertforge.errors import UserError
-from bertforge.runtime.io import commit, temp_name, write_text
+from bertforge.runtime.io import commit, raise_if_disk_full, temp_name, write_text
 
 
 def write_shard(
@@ -74,8 +77,9 @@ def write_shard(
             for k, v in (attrs or {}).items():
                 f.attrs[k] = v
         commit(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        raise_if_disk_full(e, path)
         raise
     return path
 
@@ -83,11 +87,8 @@ def write_shard(
 def read_shard(path: str | os.PathLike, validate: bool = True) -> dict[str, np.ndarray]:
     """All datasets of a shard as numpy arrays; checks the row counts agree (a truncated file is an error)."""
     path = Path(path)
-    with open_shard(path) as f:
-        try:
-            out = {name: f[name][()] for name in f if isinstance(f[name], h5py.Dataset)}
-        except OSError as e:
-            raise UserError(f"shard {path} is corrupt ({e}); re-create it or delete the file") from e
+    with open_shard(path) as f, reading(path):
+        out = {name: f[name][()] for name in f if isinstance(f[name], h5py.Dataset)}
     if validate:
         validate_arrays(out, path)
     return out
@@ -130,6 +131,21 @@ def write_manifest(directory: str | os.PathLike, manifest: Mapping[str, Any]) ->
     return write_text(Path(directory) / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+@contextlib.contextmanager
+def _quiet_h5py_dealloc() -> Iterator[None]:
+    """h5py object ids freed after a failed write (a full disk) flush again and print "Exception ignored"
+    tracebacks from their destructors; the failure itself is reported once, by the caller."""
+    hooks = sys.unraisablehook, sys.excepthook  # h5py's destructors print through both
+    sys.unraisablehook, sys.excepthook = (lambda *_: None), (lambda *_: None)
+    try:
+        yield
+    except BaseException:
+        gc.collect()  # the failed objects' destructors run now, while quiet
+        raise
+    finally:
+        sys.unraisablehook, sys.excepthook = hooks
+
+
 class ShardWriter:
     """Write a shard block by block (bounded memory), atomically: datasets are pre-sized, rows written in
     order, and the file is renamed into place on `close()`; `abort()` (or an exception in a `with`) removes it.
@@ -150,34 +166,52 @@ class ShardWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = temp_name(self.path)
         self.f = h5py.File(self.tmp, "w", track_order=True)
-        for name, (shape, dtype) in layout.items():
-            empty = 0 in shape
-            self.f.create_dataset(
-                name,
-                shape=shape,
-                dtype=dtype,
-                compression=None if empty else "gzip",
-                compression_opts=None if empty else compression_level,
-                chunks=None if empty else (min(shape[0], chunk_rows),) + tuple(shape[1:]),
-                track_times=False,
-            )
-        for k, v in (attrs or {}).items():
-            self.f.attrs[k] = v
+        try:
+            for name, (shape, dtype) in layout.items():
+                empty = 0 in shape
+                self.f.create_dataset(
+                    name,
+                    shape=shape,
+                    dtype=dtype,
+                    compression=None if empty else "gzip",
+                    compression_opts=None if empty else compression_level,
+                    chunks=None if empty else (min(shape[0], chunk_rows),) + tuple(shape[1:]),
+                    track_times=False,
+                )
+            for k, v in (attrs or {}).items():
+                self.f.attrs[k] = v
+        except BaseException as e:
+            self.abort()
+            raise_if_disk_full(e, self.path)
+            raise
 
     def write(self, start: int, arrays: Mapping[str, np.ndarray]) -> None:
-        for name, arr in arrays.items():
-            self.f[name][start : start + arr.shape[0]] = arr
+        with _quiet_h5py_dealloc():
+            for name, arr in arrays.items():
+                ds = self.f[name]
+                try:
+                    ds[start : start + arr.shape[0]] = arr
+                finally:
+                    del ds  # freed here, inside the quiet block, when the write failed
 
     def close(self) -> Path:
-        self.f.close()
-        commit(self.tmp, self.path)
+        try:
+            self.f.close()
+            commit(self.tmp, self.path)
+        except BaseException as e:
+            self.tmp.unlink(missing_ok=True)
+            raise_if_disk_full(e, self.path)
+            raise
         return self.path
 
     def abort(self) -> None:
-        try:
-            self.f.close()
-        finally:
-            self.tmp.unlink(missing_ok=True)
+        # closing flushes: on a full disk it fails too, and the error being handled is the one to report
+        with _quiet_h5py_dealloc():
+            try:
+                self.f.close()
+            except Exception:  # noqa: BLE001 - reported by the caller
+                gc.collect()
+        self.tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -187,3 +221,4 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+            raise_if_disk_full(exc, self.path)

@@ -17,17 +17,19 @@ plain, frozen data: cheap to pickle into DataLoader workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from bertforge.errors import UserError
+from bertforge.errors import UserError, first_line
 
 # dataset -> dtype of each kind's schema, in the order the writers create them
 NVIDIA_SCHEMA: dict[str, type] = {  # DESIGN §3.2
@@ -146,6 +148,19 @@ def open_shard(path: Path):
         ) from None
 
 
+@contextlib.contextmanager
+def reading(path: str | os.PathLike) -> Iterator[None]:
+    """Reads of shard `path` inside: h5py's errors of a damaged file (a bit flip fails decompression, a
+    truncated file a read past its end) become one UserError naming the file."""
+    try:
+        yield
+    except (OSError, KeyError, RuntimeError) as e:
+        raise UserError(
+            f"shard {path} is corrupt or truncated ({first_line(e)}); re-create it with the command that wrote it "
+            "(`bertforge data shards` or `bertforge pack`) or delete the file"
+        ) from None
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     """One shard, from its HDF5 metadata."""
@@ -162,22 +177,17 @@ class ShardInfo:
     def read(cls, path: Path) -> ShardInfo:
         import h5py
 
-        try:
-            with open_shard(path) as h:
-                keys = set(h.keys())
-                attrs = {k: _plain(v) for k, v in h.attrs.items()}
-                if "input_ids" not in keys or "input_mask" not in keys:
-                    raise UserError(
-                        f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
-                        "shard: move it out of the directory"
-                    )
-                rows, seq_len = h["input_ids"].shape
-                max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
-                sizes = {k: h[k].shape[0] for k in keys if isinstance(h[k], h5py.Dataset) and h[k].shape}
-        except (OSError, KeyError) as e:
-            raise UserError(
-                f"shard {path} cannot be read ({e}); re-create it with `bertforge data shards` or delete it"
-            ) from None
+        with open_shard(path) as h, reading(path):
+            keys = set(h.keys())
+            attrs = {k: _plain(v) for k, v in h.attrs.items()}
+            if "input_ids" not in keys or "input_mask" not in keys:
+                raise UserError(
+                    f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
+                    "shard: move it out of the directory"
+                )
+            rows, seq_len = h["input_ids"].shape
+            max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
+            sizes = {k: h[k].shape[0] for k in keys if isinstance(h[k], h5py.Dataset) and h[k].shape}
         bad = {k: n for k, n in sizes.items() if n != rows}
         if bad:
             raise UserError(
@@ -237,6 +247,14 @@ class ShardSet:
         manifest = read_manifest(directory)
         if p.is_dir():
             _check_listed(directory, manifest, infos)
+            if not manifest:
+                # shards copied by hand or from another tool: usable, but a missing one would go unnoticed
+                print(
+                    f"warning: {directory} has no {MANIFEST} (or packing.json/metadata.json): cannot check that "
+                    f"all its shards are there; using the {len(infos)} found",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return cls(directory, infos, manifest)
 
     # ------------------------------------------------------------------------------------ plain facts
@@ -354,6 +372,32 @@ class ShardSet:
                 f"shards in {where} were built with different vocab files (sha256 differs); rebuild the "
                 "eval shards with the training vocab"
             )
+
+    def check_vocab(self, vocab_file: str | os.PathLike, option: str = "data.vocab") -> None:
+        """A UserError unless `vocab_file` is the vocab the manifest records (its sha256; or, when that file
+        still exists, the same tokens): a different one would train on ids that mean other words and ship
+        the wrong vocab.txt with every checkpoint. No recorded hash: nothing to check."""
+        if self.vocab_sha is None:
+            return
+        from bertforge.data.vocab import load_tokenizer, vocab_hash
+
+        given = Path(vocab_file)
+        # vocab.txt and tokenizer.json of one directory are one vocab written twice; the manifest names either
+        if any(
+            vocab_hash(p) == self.vocab_sha
+            for p in {given, given.parent / "vocab.txt", given.parent / "tokenizer.json"}
+            if p.is_file()
+        ):
+            return
+        recorded = self.vocab_file
+        if recorded is not None and load_tokenizer(recorded).get_vocab() == load_tokenizer(given).get_vocab():
+            return
+        was = recorded or self.manifest.get("vocab") or f"sha256 {self.vocab_sha[:12]}"
+        raise UserError(
+            f"{option} {given} is not the vocab the shards in {self.directory} were built with ({was}); "
+            f"checkpoints would ship the wrong vocab.txt: set {option} to {was if recorded else 'that file'} "
+            "(or leave it unset to take the manifest's), or rebuild the shards with this vocab"
+        )
 
     # ------------------------------------------------------------------------------------ batch arithmetic
     def rows_per_update(self, global_batch: int, micro_batch: int, world_size: int) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from bertforge.errors import UserError
+from bertforge.errors import UserError, first_line
 from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.bert import BertForTask, build_model
 from bertforge.model.config import BertConfig
@@ -126,7 +126,13 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as e:  # noqa: BLE001 - truncated or garbage: the file's problem, said in one line
+            raise UserError(
+                f"{path}: not a readable safetensors file ({first_line(e)}); it is truncated or damaged: restore or "
+                "re-create it (an earlier checkpoint, or `bertforge export` again)"
+            ) from None
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure is the file's problem

@@ -16,10 +16,16 @@ temporary file into place.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from bertforge.errors import UserError
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def temp_name(path: str | os.PathLike, tag: str = "tmp") -> Path:
@@ -78,9 +84,35 @@ def _atomic(path: str | os.PathLike, directory: bool) -> Iterator[Path]:
     try:
         yield tmp
         commit(tmp, final)
-    except BaseException:
+    except BaseException as e:
         _discard(tmp)
+        raise_if_disk_full(e, final)
         raise
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """A full disk or quota: an OSError ENOSPC/EDQUOT, a library's error that carries the OS message (h5py's
+    OSError without errno, safetensors' SafetensorError), or an error raised while handling one."""
+    seen: BaseException | None = e
+    for _ in range(8):  # torch.save's writer reports the OSError it met as a RuntimeError with it as the context
+        if seen is None or not isinstance(seen, Exception):
+            return False
+        if getattr(seen, "errno", None) in DISK_FULL or "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def raise_if_disk_full(e: BaseException, path: str | os.PathLike) -> None:
+    """A full disk while writing `path` (its temporary file already removed) as one line: nothing earlier was
+    touched, since every output is renamed into place only when complete."""
+    if is_disk_full(e):
+        # name what the user asked for, not a temporary name (atomic writers nest: a model dir in a checkpoint)
+        shown = Path(*(re.sub(r"^\.(.+)\.(?:tmp|old)-\d+(.*)$", r"\1\2", part) for part in Path(path).parts))
+        raise UserError(
+            f"no space left on the device while writing {shown}; it was not written (earlier outputs are "
+            "intact): free some space and run the command again"
+        ) from None
 
 
 def atomic_path(path: str | os.PathLike) -> contextlib.AbstractContextManager[Path]:
@@ -116,3 +148,26 @@ def remove_stale(directory: str | os.PathLike) -> int:
         _discard(p)
         n += 1
     return n
+
+
+@contextlib.contextmanager
+def output_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Create `path` (and missing parents) for a command's outputs; if the command fails, the directories it
+    created are removed again when they hold nothing (a failed run leaves no empty output directory behind),
+    and a full disk is one line naming `path`."""
+    d = Path(path)
+    created = [p for p in (d, *d.parents) if not p.exists()]
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another path") from None
+    try:
+        yield d
+    except BaseException as e:
+        for p in created:  # deepest first
+            if p.is_dir():
+                remove_stale(p)
+            with contextlib.suppress(OSError):
+                p.rmdir()  # only when empty
+        raise_if_disk_full(e, d)  # a write no atomic writer saw (a pack bucket, a spill file)
+        raise

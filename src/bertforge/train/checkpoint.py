@@ -47,7 +47,15 @@ class Checkpoint:
         return self.path / MODEL_DIR
 
     def meta(self) -> dict[str, Any]:
-        return json.loads((self.path / META_FILE).read_text(encoding="utf-8"))
+        path = self.path / META_FILE
+        fix = f"delete {self.path} to resume from the previous checkpoint"
+        try:
+            out = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UserError(f"checkpoint {path} is not valid JSON ({e}); {fix}") from None
+        if not isinstance(out, dict):
+            raise UserError(f"checkpoint {path} does not hold a JSON object; {fix}")
+        return out
 
     def load_state(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
         """The training state, read without executing code (weights_only=True)."""
@@ -112,7 +120,8 @@ def save_checkpoint(
     final = root / f"step_{step:08d}"
     with atomic_dir(final) as tmp:  # the same step saved again (a re-run) replaces it
         write_model(tmp / MODEL_DIR)
-        torch.save(state, tmp / STATE_FILE)
+        with open(tmp / STATE_FILE, "wb") as f:  # a file object: a full disk is OSError(ENOSPC), not a RuntimeError
+            torch.save(state, f)
         meta = {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **meta}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
         if _before_rename is not None:

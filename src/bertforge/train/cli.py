@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertforge.errors import UserError
+
 
 def pretrain_add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="demo_tiny_128", help="preset name (configs/pretrain/) or a YAML file")
@@ -26,6 +28,12 @@ def pretrain_add(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train.output_dir holds an earlier run: delete its checkpoints and metrics and start afresh "
         "(without --resume or --overwrite such a directory is refused)",
+    )
+    p.add_argument(
+        "--allow-changed",
+        action="store_true",
+        help="with --resume: continue although the global batch, data.input_dir or the schedule (optim.lr, "
+        "optim.warmup, optim.schedule, train.max_steps) differ from the checkpoint's run (refused without it)",
     )
     p.add_argument(
         "--json-summary",
@@ -68,6 +76,8 @@ def pretrain_run(args: argparse.Namespace) -> int:
     from bertforge.runtime.preempt import Preempted
     from bertforge.train.loop import check_output_dir, run_pretrain
 
+    if args.allow_changed and not args.resume:
+        raise UserError("--allow-changed only applies with --resume (it accepts a changed config on resuming)")
     info = distributed.env_info()
     # before config.yaml is rewritten: an earlier run's directory is refused untouched
     check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, info.is_main)
@@ -81,6 +91,7 @@ def pretrain_run(args: argparse.Namespace) -> int:
             json_summary=args.json_summary,
             profile_steps=args.profile,
             overwrite=args.overwrite,
+            allow_changed=args.allow_changed,
         )
     except Preempted as e:
         if info.is_main:

@@ -87,6 +87,8 @@ def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int, Pa
             path = next((path / n for n in ("vocab.txt", "tokenizer.json") if (path / n).is_file()), path / "vocab.txt")
         if not path.is_file():
             raise UserError(f"data.vocab {source}: no vocab.txt or tokenizer.json there; fix data.vocab")
+        if cfg.data.vocab is not None and shards is not None:
+            shards.check_vocab(path)
         vocab_file = path
         if size is None:
             from bertforge.data.vocab import load_tokenizer
@@ -300,6 +302,44 @@ def build_model_for(cfg: PretrainConfig, bert_cfg) -> tuple[torch.nn.Module, Any
     return model, bert_cfg
 
 
+RESUME_KEYS = (
+    "train.global_batch_size",
+    "data.input_dir",
+    "optim.lr",
+    "optim.warmup",
+    "optim.schedule",
+    "train.max_steps",
+)
+"""What --resume must share with the checkpoint's run: the data order (batch, shards) and the schedule."""
+
+
+def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: bool, info: ddp.DistInfo) -> None:
+    """Compare RESUME_KEYS with the config the checkpoint recorded: a change is refused (it would not continue
+    the saved run: another data order, another learning-rate curve) unless `allow_changed` (--allow-changed)."""
+    saved = found.meta().get("config")
+    if not isinstance(saved, dict):
+        return  # nothing recorded to compare with
+    now = asdict(cfg)
+    changed = []
+    for key in RESUME_KEYS:
+        section, name = key.split(".")
+        old, new = (saved.get(section) or {}).get(name), now[section][name]
+        if key == "data.input_dir" and old and new:
+            old, new = str(Path(old).resolve()), str(Path(new).resolve())
+        if old != new:
+            changed.append(f"{key} {old} -> {new}")
+    if not changed:
+        return
+    what = ", ".join(changed)
+    if not allow_changed:
+        raise UserError(
+            f"--resume: {what} since checkpoint {found.path}; the run would not continue as saved (data order, "
+            "learning-rate schedule): set them back with --set KEY=VALUE, or pass --allow-changed to continue "
+            "with the new values"
+        )
+    _log0(info, f"--allow-changed: resuming {found.path} with {what}")
+
+
 def restore(
     cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer, scaler, device, info: ddp.DistInfo
 ) -> tuple[TrainState, bool]:
@@ -337,21 +377,25 @@ def setup(
     resume: bool = False,
     json_summary: str | None = None,
     save_hook: Callable[[Path], None] | None = None,
+    allow_changed: bool = False,
 ) -> Run:
-    """Device, model, optimizer, restored state, the compiled step, the data and the logger."""
+    """Device, model, optimizer, restored state, the compiled step, the data and the logger. Everything the
+    files record (shards, vocab, the checkpoint's config) is checked before the model is built."""
     t_created = time.perf_counter()
     t, o = cfg.train, cfg.optim
     info, device = ddp.init_distributed(t.device)
     precision = dev.resolve_precision(t.precision, device)
     shards = open_data(cfg, info)
     vocab_size, vocab_file = resolve_vocab(cfg, shards)
+    ckpt_root = Path(t.output_dir) / "checkpoints"
+    if resume and (found := ckpt.latest_checkpoint(ckpt_root)) is not None:
+        check_resume(cfg, found, allow_changed, info)
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
     model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size))
     model.to(device)
     guard = _enter_fp8(cfg, model, device, precision, info)
     optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type)
     scaler = dev.grad_scaler(device, precision)
-    ckpt_root = Path(t.output_dir) / "checkpoints"
     state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
     if not resumed:
         torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
@@ -517,7 +561,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
     `preempt`: its signal flag is read at each step boundary; set, the run saves and raises `Preempted`."""
     t, o, state = run.cfg.train, run.cfg.optim, run.state
     prof = _profiler(run, profile_steps)
-    batches = run.loader.iterate(start_batch=state.batches)
+    batches = _one_line_errors(run.loader.iterate(start_batch=state.batches))
     window = _Window(run.device)
     nonfinite_run = 0
     last_saved = state.step if run.resumed else -1  # a resumed finished run does not re-save
@@ -665,13 +709,15 @@ def run_pretrain(
     _save_hook: Callable[[Path], None] | None = None,
     profile_steps: int = 0,
     overwrite: bool = False,
+    allow_changed: bool = False,
 ) -> dict[str, Any]:
     """One pre-training phase; returns the summary (also written to train.output_dir/summary.json).
-    `overwrite`: delete an earlier run in train.output_dir instead of refusing it (see `check_output_dir`).
+    `overwrite`: delete an earlier run in train.output_dir instead of refusing it (see `check_output_dir`);
+    `allow_changed`: resume although RESUME_KEYS differ from the checkpoint's (see `check_resume`).
     Raises `runtime.preempt.Preempted` after saving when SIGTERM or SIGINT arrives."""
     check_output_dir(cfg.train.output_dir, resume, overwrite, ddp.env_info().is_main)
     with Preemption() as preempt:
-        return train(setup(cfg, resume, json_summary, _save_hook), profile_steps, preempt)
+        return train(setup(cfg, resume, json_summary, _save_hook, allow_changed), profile_steps, preempt)
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -789,6 +835,18 @@ def _gather_rng(device: torch.device) -> list[dict[str, Any]]:
     out: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, {k: v.cpu() for k, v in mine.items()})
     return out
+
+
+def _one_line_errors(batches: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+    """The batches; a UserError raised in a DataLoader worker (a damaged shard) arrives with the worker's
+    traceback in its message, and is re-raised as its own one line."""
+    try:
+        yield from batches
+    except UserError as e:
+        lines = str(e).strip().splitlines()
+        if len(lines) > 1:
+            raise UserError(lines[-1].split("UserError: ", 1)[-1]) from None
+        raise
 
 
 def _log0(info: ddp.DistInfo, msg: str) -> None:

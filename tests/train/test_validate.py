@@ -1,0 +1,151 @@
+"""What pre-training checks before its first step against what the files record (issue 20, classes 2 and 3):
+data.vocab against the shards' vocab hash, --resume against the checkpoint's config; and the files it reads
+that can be damaged — shards, model.safetensors — or a disk that fills while it saves, each one line."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+from pathlib import Path
+
+import h5py
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.train import checkpoint as ckpt
+
+
+def _argv(overrides, shards: Path, out: Path, *flags: str, **extra) -> list[str]:
+    return ["pretrain", *[f"--set={s}" for s in overrides(shards, out, **extra)], *flags]
+
+
+def _one_line(err: str, *names: object) -> str:
+    lines = [x for x in err.strip().splitlines() if not x.startswith("warning: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for n in names:
+        assert str(n) in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def _vocab(path: Path, words: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    return path
+
+
+def test_a_data_vocab_other_than_the_shards_is_refused_at_start_up(shards, tmp_path, overrides, capsys):
+    built_with = _vocab(tmp_path / "v1" / "vocab.txt", [f"w{i}" for i in range(59)])
+    other = _vocab(tmp_path / "v2" / "vocab.txt", [f"x{i}" for i in range(59)])
+    manifest = {"vocab": str(built_with), "vocab_sha256": hashlib.sha256(built_with.read_bytes()).hexdigest()}
+    (shards / "manifest.json").write_text(json.dumps({**manifest, "vocab_size": 64}))
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert main(_argv(overrides, shards, out, **{"data.vocab": other, "train.max_steps": 1})) == 2
+    _one_line(capsys.readouterr().err, other, built_with, "data.vocab")
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists()  # refused before step 1
+    assert main(_argv(overrides, shards, tmp_path / "ok", **{"data.vocab": built_with, "train.max_steps": 1})) == 0
+    saved = ckpt.latest_checkpoint(tmp_path / "ok" / "checkpoints")
+    assert (saved.model_dir / "vocab.txt").read_bytes() == built_with.read_bytes()
+
+
+def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(shards, tmp_path, overrides, capsys):
+    out = tmp_path / "run"
+    assert main(_argv(overrides, shards, out, **{"train.max_steps": 3})) == 0
+    other = tmp_path / "other_shards"
+    other.symlink_to(shards)  # the same files under another name: not a change
+    changes = {
+        "train.global_batch_size": 16,
+        "optim.lr": 0.002,
+        "optim.warmup": 0.5,
+        "optim.schedule": "linear",
+        "train.max_steps": 6,
+    }
+    for key, value in changes.items():
+        capsys.readouterr()
+        assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 3, key: value})) == 2, key
+        line = _one_line(capsys.readouterr().err, "--resume", key, "--allow-changed")
+        assert f"-> {value}" in line
+    assert main(_argv(overrides, other, out, "--resume", **{"train.max_steps": 3})) == 0
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for p in shards.iterdir():
+        (moved / p.name).write_bytes(p.read_bytes())
+    assert main(_argv(overrides, moved, out, "--resume", **{"train.max_steps": 3})) == 2
+    _one_line(capsys.readouterr().err, "data.input_dir", moved)
+    assert main(_argv(overrides, shards, out, "--allow-changed", **{"train.max_steps": 3})) == 2  # needs --resume
+    _one_line(capsys.readouterr().err, "--allow-changed", "--resume")
+    argv = _argv(overrides, shards, out, "--resume", "--allow-changed", **{"train.max_steps": 6, "optim.lr": 0.002})
+    assert main(argv) == 0
+    assert "--allow-changed: resuming" in capsys.readouterr().out
+    assert ckpt.latest_checkpoint(out / "checkpoints").step == 6
+
+
+def _flip_chunk(path: Path, dataset: str = "input_ids") -> None:
+    with h5py.File(path, "r") as f:
+        info = f[dataset].id.get_chunk_info(0)
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + info.size // 2)
+        fh.write(b"\xff" * 16)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_damaged_shard_is_one_line_in_pretrain(shards, tmp_path, overrides, capsys, workers):
+    for p in shards.glob("*.hdf5"):
+        _flip_chunk(p)
+    assert main(_argv(overrides, shards, tmp_path / "run", **{"data.num_workers": workers})) == 2
+    _one_line(capsys.readouterr().err, "shard", str(shards), "corrupt")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_model_safetensors_is_one_line_in_resume_and_export(shards, tmp_path, overrides, capsys, damage):
+    out = tmp_path / "run"
+    assert main(_argv(overrides, shards, out, **{"train.max_steps": 6, "train.stop_after_steps": 3})) == 0
+    weights = ckpt.latest_checkpoint(out / "checkpoints").model_dir / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x07garbage" * 50)
+    capsys.readouterr()
+    assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 6})) == 2
+    _one_line(capsys.readouterr().err, weights, "safetensors")
+    model_dir = weights.parent
+    assert main(["export", "--model", str(model_dir), "--format", "hf", "--out", str(tmp_path / "exp")]) == 2
+    _one_line(capsys.readouterr().err, weights, "safetensors")
+    from bertforge.errors import UserError
+    from bertforge.model.hf_interop import load_pretrained
+
+    # the one loader that finetune --model and serve use too
+    with pytest.raises(UserError, match=f"{weights}: not a readable safetensors file"):
+        load_pretrained(model_dir, "classification", num_labels=2, allow_missing_head=True)
+
+
+def test_a_full_disk_while_saving_a_checkpoint_keeps_the_earlier_one(shards, tmp_path, overrides, monkeypatch, capsys):
+    out = tmp_path / "run"
+    real_save, calls = torch.save, {"n": 0}
+
+    def fills_on_the_second_save(obj, f, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(ckpt.torch, "save", fills_on_the_second_save)
+    assert main(_argv(overrides, shards, out, **{"train.max_steps": 6, "train.save_every": 3})) == 2
+    _one_line(capsys.readouterr().err, "no space left", out / "checkpoints")
+    monkeypatch.setattr(ckpt.torch, "save", real_save)
+    kept = ckpt.latest_checkpoint(out / "checkpoints")
+    assert kept.step == 3 and kept.load_state()["train_state"]["step"] == 3
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [kept.path.name]  # no temporary directory
+
+
+def test_a_real_full_disk_while_saving_keeps_the_earlier_checkpoint(shards, overrides, capfd, small_tmpfs):
+    """On a 9 MiB tmpfs one checkpoint of the tiny model fits (about 5 MiB), the second does not."""
+    out = small_tmpfs("9m") / "run"
+    argv = _argv(overrides, shards, out, **{"train.max_steps": 30, "train.save_every": 3, "train.keep_last": 9})
+    capfd.readouterr()
+    assert main(argv) == 2
+    _one_line(capfd.readouterr().err, "no space left", out / "checkpoints" / "step_00000006")
+    kept = ckpt.latest_checkpoint(out / "checkpoints")
+    assert kept.step == 3 and kept.load_state()["train_state"]["step"] == 3
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [kept.path.name]
