@@ -159,7 +159,12 @@ class OptimConfig:
     warmup: float = 0.2843
     """Fraction of the steps spent warming up."""
     schedule: str = "poly"
-    """poly (NVIDIA PolyWarmUp, degree 0.5) or linear (Google/HF: linear warmup, linear decay)."""
+    """poly (NVIDIA PolyWarmUp, degree 0.5), linear (Google/HF: linear warmup, linear decay) or wsd
+    (warmup-stable-decay, trapezoidal: the peak held until the last optim.decay of the steps)."""
+    decay: float = 0.1
+    """schedule wsd: fraction of the steps in the final decay to 0 (warmup + decay <= 1)."""
+    decay_shape: str = "linear"
+    """schedule wsd: shape of the final decay, linear or 1-sqrt (Hägele et al. 2024; ModernBERT)."""
     weight_decay: float = 0.01
     """Decoupled weight decay (0 for bias and LayerNorm parameters)."""
     beta1: float = 0.9
@@ -174,10 +179,19 @@ class OptimConfig:
     def validate(self) -> None:
         if self.name not in ("lamb", "adamw"):
             raise ConfigError(f"optim.name must be lamb or adamw, not {self.name!r}")
-        if self.schedule not in ("poly", "linear"):
-            raise ConfigError(f"optim.schedule must be poly or linear, not {self.schedule!r}")
+        from bertforge.optim.schedule import DECAY_SHAPES, SCHEDULES
+
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"optim.schedule must be {' or '.join(SCHEDULES)}, not {self.schedule!r}")
         if not 0.0 <= self.warmup < 1.0:
             raise ConfigError(f"optim.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.decay_shape not in DECAY_SHAPES:
+            raise ConfigError(f"optim.decay_shape must be {' or '.join(DECAY_SHAPES)}, not {self.decay_shape!r}")
+        if self.schedule == "wsd" and not (0.0 <= self.decay <= 1.0 and self.warmup + self.decay <= 1.0):
+            raise ConfigError(
+                f"optim.decay {self.decay} with optim.warmup {self.warmup}: the decay is a fraction of the "
+                "steps in [0, 1] and warmup + decay must be <= 1; lower one of them"
+            )
         if self.lr <= 0:
             raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
         if self.max_grad_norm < 0:

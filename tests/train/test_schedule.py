@@ -48,3 +48,50 @@ def test_phase2_offset():
 def test_unknown_schedule():
     with pytest.raises(ValueError, match="poly"):
         lr_at(1, 1e-3, 10, 0.1, "cosine")
+
+
+# wsd: (step, max_steps, warmup, decay, shape, expected / base) — 100 steps, 10 warmup, decay over the last 20
+WSD_TABLE = [
+    (5, 100, 0.1, 0.2, "linear", 0.5),  # warmup: 5/10
+    (10, 100, 0.1, 0.2, "linear", 1.0),  # warmup done
+    (50, 100, 0.1, 0.2, "linear", 1.0),  # stable
+    (80, 100, 0.1, 0.2, "linear", 1.0),  # the last stable step: the decay starts after step 80
+    (85, 100, 0.1, 0.2, "linear", 0.75),  # 5/20 of the decay: 1 - 0.25
+    (90, 100, 0.1, 0.2, "linear", 0.5),
+    (100, 100, 0.1, 0.2, "linear", 0.0),
+    (85, 100, 0.1, 0.2, "1-sqrt", 0.5),  # 1 - sqrt(0.25)
+    (96, 100, 0.1, 0.2, "1-sqrt", 1 - 0.8**0.5),
+    (99, 100, 0.1, 0.2, "1-sqrt", 1 - 0.95**0.5),
+    (100, 100, 0.1, 0.2, "1-sqrt", 0.0),
+    (100, 100, 0.1, 0.0, "linear", 1.0),  # no decay: warmup then constant (WSD's continuable "stable" phase)
+    (1, 100, 0.0, 1.0, "linear", 0.99),  # no warmup, all decay: the linear schedule without warmup
+]
+
+
+@pytest.mark.parametrize("step,max_steps,warmup,decay,shape,expected", WSD_TABLE)
+def test_wsd_table(step, max_steps, warmup, decay, shape, expected):
+    lr = lr_at(step, 2e-3, max_steps, warmup, "wsd", decay=decay, decay_shape=shape)
+    assert lr == pytest.approx(2e-3 * expected, rel=1e-12, abs=1e-15)
+
+
+def test_wsd_is_a_trapezoid_and_1sqrt_decays_faster_first():
+    lin = [lr_at(s, 1.0, 1000, 0.05, "wsd", 0.3, "linear") for s in range(1, 1001)]
+    sq = [lr_at(s, 1.0, 1000, 0.05, "wsd", 0.3, "1-sqrt") for s in range(1, 1001)]
+    assert all(b >= a for a, b in zip(lin[:50], lin[1:51]))  # up
+    assert set(lin[49:700]) == {1.0} and set(sq[49:700]) == {1.0}  # flat top
+    assert all(b < a for a, b in zip(lin[700:], lin[701:]))  # strictly down to 0
+    assert lin[-1] == sq[-1] == 0.0
+    assert all(s <= ln for s, ln in zip(sq[700:], lin[700:]))  # 1-sqrt is below linear through the decay
+
+
+def test_wsd_config_checks():
+    from bertforge.config import OptimConfig
+    from bertforge.errors import ConfigError
+
+    OptimConfig(schedule="wsd", warmup=0.1, decay=0.2, decay_shape="1-sqrt").validate()
+    with pytest.raises(ConfigError, match="warmup \\+ decay"):
+        OptimConfig(schedule="wsd", warmup=0.5, decay=0.6).validate()
+    with pytest.raises(ConfigError, match="decay_shape"):
+        OptimConfig(schedule="wsd", decay_shape="cosine").validate()
+    with pytest.raises(ValueError, match="decay shape"):
+        lr_at(90, 1.0, 100, 0.1, "wsd", 0.2, "cosine")

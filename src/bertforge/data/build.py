@@ -199,7 +199,6 @@ def tokenize_spill(path: str, tok) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 def build_shard(job: Job) -> dict[str, Any]:
     """Build one shard from its spill file; returns its manifest entry."""
-    from bertforge.data.instances import build_rows, create_instance_specs, mask_batch
     from bertforge.data.vocab import continuation_table, load_tokenizer, special_ids
 
     t0 = time.perf_counter()
@@ -214,22 +213,16 @@ def build_shard(job: Job) -> dict[str, Any]:
             return _entry(out, job, int(done.get("documents", 0)), int(done.get("tokens", 0)), skipped=True)
     tok = load_tokenizer(job.vocab, job.lowercase, cache=True)  # once per worker process
     sp = special_ids(tok, job.vocab)
-    vocab_size = tok.get_vocab_size()
     tokens, offsets, doc_first, doc_count, _ = tokenize_spill(job.spill, tok)
+    corpus = _Corpus(tokens, offsets, doc_first, doc_count)
     kind_code = 0 if job.kind == "train" else 1
     rng = np.random.default_rng([p.seed, job.index, kind_code])  # distinct stream per shard
-    specs = create_instance_specs(
-        doc_first.tolist(), doc_count.tolist(), offsets.tolist(), rng, p.seq_len, p.short_seq_prob, p.dupe_factor
-    )
-    n = int(specs["label"].shape[0])
-    S, P = p.seq_len, p.max_pred
-    cont = continuation_table(tok) if p.wwm else None
     attrs: dict[str, Any] = {
         "bertforge_params": job.params_hash,
         "documents": int(doc_first.size),
         "tokens": int(tokens.size),
-        "vocab_size": vocab_size,
-        "max_pred": P,
+        "vocab_size": tok.get_vocab_size(),
+        "max_pred": p.max_pred,
         "masked_lm_prob": p.masked_lm_prob,
         "cls_id": sp["cls"],
         "sep_id": sp["sep"],
@@ -237,6 +230,35 @@ def build_shard(job: Job) -> dict[str, Any]:
         "mask_id": sp["mask"],
         "wwm": p.wwm,
     }
+    cont = continuation_table(tok) if p.wwm else None
+    write = _write_mlm_rows if p.objective == "mlm" else _write_pair_rows
+    write(out, p, attrs, corpus, rng, cont)
+    return _entry(out, job, int(doc_first.size), int(tokens.size), seconds=time.perf_counter() - t0)
+
+
+@dataclasses.dataclass
+class _Corpus:
+    """One shard's tokenized documents: sentence k is tokens[offsets[k]:offsets[k+1]], document d is sentences
+    doc_first[d] .. doc_first[d] + doc_count[d] - 1."""
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    doc_first: np.ndarray
+    doc_count: np.ndarray
+
+
+def _write_pair_rows(
+    out: Path, p: ShardsConfig, attrs: dict[str, Any], c: _Corpus, rng: np.random.Generator, cont: np.ndarray | None
+) -> None:
+    """Google BERT's sentence pairs with NSP labels: masked here (NVIDIA schema) or, with dynamic masking, not."""
+    from bertforge.data.instances import build_rows, create_instance_specs, mask_batch
+
+    specs = create_instance_specs(
+        c.doc_first.tolist(), c.doc_count.tolist(), c.offsets.tolist(), rng, p.seq_len, p.short_seq_prob, p.dupe_factor
+    )
+    n = int(specs["label"].shape[0])
+    S, P = p.seq_len, p.max_pred
+    cls_id, sep_id, mask_id = attrs["cls_id"], attrs["sep_id"], attrs["mask_id"]
     layout: dict[str, tuple[tuple[int, ...], Any]] = {
         "input_ids": ((n, S), np.int32),
         "input_mask": ((n, S), np.int8),
@@ -244,17 +266,17 @@ def build_shard(job: Job) -> dict[str, Any]:
     }
     if p.dynamic_masking:
         attrs[KIND_ATTR] = "dynamic"
-        if p.wwm:
+        if cont is not None:
             layout["word_starts"] = ((n, S), np.int8)
     else:
         layout["masked_lm_positions"] = ((n, P), np.int32)
         layout["masked_lm_ids"] = ((n, P), np.int32)
     layout["next_sentence_labels"] = ((n,), np.int8)
-    specials = (sp.get("pad", 0), sp["cls"], sp["sep"])
+    specials = (attrs["pad_id"], cls_id, sep_id)
     with shardio.ShardWriter(out, layout, attrs, chunk_rows=BLOCK_ROWS) as w:
         for start in range(0, n, BLOCK_ROWS):
             block = {k: v[start : start + BLOCK_ROWS] for k, v in specs.items()}
-            rows = build_rows(tokens, block, S, sp["cls"], sp["sep"])  # (b, S) each
+            rows = build_rows(c.tokens, block, S, cls_id, sep_id)  # (b, S) each
             starts = None
             if cont is not None:
                 starts = ~cont[rows["input_ids"]]  # (b, S): 1 where a token starts a word
@@ -264,12 +286,61 @@ def build_shard(job: Job) -> dict[str, Any]:
             else:
                 lengths = rows["input_mask"].sum(axis=1, dtype=np.int64)
                 ids, pos, lab = mask_batch(
-                    rows["input_ids"], lengths, rng, vocab_size, P, p.masked_lm_prob, specials, sp["mask"], starts
+                    rows["input_ids"], lengths, rng, attrs["vocab_size"], P, p.masked_lm_prob, specials, mask_id, starts
                 )
                 rows.update(input_ids=ids, masked_lm_positions=pos, masked_lm_ids=lab)
             rows["next_sentence_labels"] = block["label"]
             w.write(start, rows)
-    return _entry(out, job, int(doc_first.size), int(tokens.size), seconds=time.perf_counter() - t0)
+
+
+def _write_mlm_rows(
+    out: Path, p: ShardsConfig, attrs: dict[str, Any], c: _Corpus, rng: np.random.Generator, cont: np.ndarray | None
+) -> None:
+    """MLM-only full rows (`instances.full_sentence_rows`), unmasked: the loader masks them (kind "mlm")."""
+    from bertforge.data.instances import full_sentence_rows, mlm_row_count
+
+    n = mlm_row_count(int(c.tokens.size), int(c.doc_first.size), p.dupe_factor, p.seq_len)
+    S = p.seq_len
+    attrs[KIND_ATTR] = "mlm"
+    attrs["max_pred"] = slot_count(p)
+    layout: dict[str, tuple[tuple[int, ...], Any]] = {
+        "input_ids": ((n, S), np.int32),
+        "input_mask": ((n, S), np.int8),
+        "segment_ids": ((n, S), np.int8),
+    }
+    if cont is not None:
+        layout["word_starts"] = ((n, S), np.int8)
+    blocks = full_sentence_rows(
+        c.tokens,
+        c.offsets,
+        c.doc_first,
+        c.doc_count,
+        rng,
+        S,
+        p.dupe_factor,
+        attrs["cls_id"],
+        attrs["sep_id"],
+        BLOCK_ROWS,
+    )
+    with shardio.ShardWriter(out, layout, attrs, chunk_rows=BLOCK_ROWS) as w:
+        start = 0
+        for rows in blocks:
+            if cont is not None:
+                rows["word_starts"] = (~cont[rows["input_ids"]]).astype(np.int8)  # (b, S) 1 = starts a word
+            w.write(start, rows)
+            start += rows["input_ids"].shape[0]
+        if start != n:  # inside the writer: the unfinished file is removed
+            raise RuntimeError(f"MLM-only rows of {out}: wrote {start}, expected {n}")
+
+
+def slot_count(p: ShardsConfig) -> int:
+    """Masked-LM slots per row: --max-pred, and for MLM-only rows at least a full row's round(seq_len x rate),
+    so the rate is never capped (the loader widens the slots again for a higher data.mlm_probability)."""
+    from bertforge.data.instances import num_to_predict
+
+    if p.objective != "mlm":
+        return p.max_pred
+    return max(p.max_pred, int(num_to_predict(p.seq_len, p.seq_len, p.masked_lm_prob)))
 
 
 def _entry(out: Path, job: Job, docs: int, tokens: int, skipped: bool = False, seconds: float = 0.0) -> dict[str, Any]:
@@ -277,7 +348,8 @@ def _entry(out: Path, job: Job, docs: int, tokens: int, skipped: bool = False, s
 
     with h5py.File(out, "r") as f:
         n = int(f["input_ids"].shape[0])
-        nsp = int(np.asarray(f["next_sentence_labels"][()], dtype=np.int64).sum()) if n else 0
+        has_nsp = n and "next_sentence_labels" in f  # MLM-only rows have no NSP label
+        nsp = int(np.asarray(f["next_sentence_labels"][()], dtype=np.int64).sum()) if has_nsp else 0
     return {
         "file": out.name,
         "kind": job.kind,
@@ -344,7 +416,7 @@ def run_shards(
 def _run_shards(
     files: list[Path], vocab, out: Path, ev: Path | None, params: ShardsConfig, lowercase: bool | None, log
 ) -> dict[str, Any]:
-    from bertforge.data.vocab import load_tokenizer, special_ids, vocab_hash
+    from bertforge.data.vocab import load_tokenizer, special_ids, tokenizer_model, vocab_hash
 
     # load once here to fail early on a bad vocab (the workers load their own copy)
     tok = load_tokenizer(vocab, lowercase)
@@ -354,6 +426,7 @@ def _run_shards(
         "vocab_sha256": vocab_sha256,
         "vocab_size": tok.get_vocab_size(),
         "special": special_ids(tok, vocab),
+        "tokenizer_model": tokenizer_model(tok),
     }
     del tok
     phash = params_hash(params, vocab_sha256, _docs_signature(files))
@@ -421,17 +494,20 @@ def _write_manifests(
 ) -> dict[str, Any]:
     """manifest.json of the training (and eval) directory: parameters, vocab, counts, a sha256 per shard."""
     sp = vocab_info["special"]
+    kind = "mlm" if params.objective == "mlm" else "dynamic" if params.dynamic_masking else "nvidia"
     common = {
-        "format": "bertforge-dynamic" if params.dynamic_masking else "nvidia-hdf5",
-        "kind": "dynamic" if params.dynamic_masking else "nvidia",
+        "format": f"bertforge-{kind}" if kind != "nvidia" else "nvidia-hdf5",
+        "kind": kind,
+        "objective": params.objective,
         "params": params.content(),
         "seq_len": params.seq_len,
-        "max_pred": params.max_pred,
+        "max_pred": slot_count(params),
         "masked_lm_prob": params.masked_lm_prob,
         "wwm": params.wwm,
         "vocab": vocab_info["vocab"],
         "vocab_sha256": vocab_info["vocab_sha256"],
         "vocab_size": vocab_info["vocab_size"],
+        "tokenizer_model": vocab_info["tokenizer_model"],
         "special_ids": [sp.get("pad", 0), sp["cls"], sp["sep"]],
         "mask_id": sp["mask"],
         "params_hash": phash,

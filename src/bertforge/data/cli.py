@@ -31,10 +31,18 @@ def data_add(p: argparse.ArgumentParser) -> None:
     d.add_argument("--one-doc-per-file", action="store_true", help="each text file is one document")
     _docs_common(d)
 
-    v = sub.add_parser("vocab", help="train a WordPiece vocab on documents (or convert an existing one)")
+    v = sub.add_parser("vocab", help="train a WordPiece or byte-level BPE vocab on documents (or convert one)")
     v.add_argument("--docs", help="document directory/files/glob to train on")
     v.add_argument("--from", dest="from_vocab", help="an existing vocab.txt/tokenizer.json to write as both files")
-    v.add_argument("--out", required=True, help="output directory for vocab.txt and tokenizer.json")
+    v.add_argument(
+        "--out", required=True, help="output directory: vocab.txt and tokenizer.json (bpe: tokenizer.json only)"
+    )
+    v.add_argument(
+        "--model",
+        choices=("wordpiece", "bpe"),
+        default="wordpiece",
+        help="wordpiece (BERT) or bpe (byte-level, RoBERTa/ModernBERT; vocab size rounded up to a multiple of 64)",
+    )
     v.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocab, specials included")
     v.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
     v.add_argument("--unused", type=int, default=0, help="[unusedN] slots to reserve")
@@ -53,6 +61,13 @@ def data_add(p: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=12345, help="random seed")
     s.add_argument("--wwm", action="store_true", help="whole-word masking")
     s.add_argument("--dynamic-masking", action="store_true", help="store unmasked pairs; the loader masks each epoch")
+    s.add_argument(
+        "--objective",
+        choices=("mlm_nsp", "mlm"),
+        default="mlm_nsp",
+        help="mlm_nsp: sentence pairs with NSP labels; mlm: full rows of consecutive sentences across documents "
+        "([SEP] between documents), no segment B, no NSP label, masked in the loader",
+    )
     s.add_argument("--eval-out", help="directory of held-out eval shards (with --eval-fraction)")
     s.add_argument("--eval-fraction", type=float, default=0.0, help="fraction of documents held out for eval")
     s.add_argument("--eval-shards", type=int, default=1, help="number of eval shards (with --eval-out)")
@@ -104,7 +119,14 @@ def _data_step(args: argparse.Namespace) -> int:
         run_docs(args.source, args.out, args.shards, args.min_doc_chars, args.one_doc_per_file, args.workers or None)
     elif cmd == "vocab":
         run_vocab(
-            args.docs, args.out, args.vocab_size, not args.cased, args.unused, args.min_frequency, args.from_vocab
+            args.docs,
+            args.out,
+            args.vocab_size,
+            not args.cased,
+            args.unused,
+            args.min_frequency,
+            args.from_vocab,
+            model=args.model,
         )
     elif cmd == "shards":
         from bertforge.data.build import run_shards
@@ -122,6 +144,7 @@ def _data_step(args: argparse.Namespace) -> int:
             seed=args.seed,
             wwm=args.wwm,
             dynamic_masking=args.dynamic_masking,
+            objective=args.objective,
             eval_fraction=args.eval_fraction,
             eval_shards=args.eval_shards,
             workers=args.workers,
@@ -163,24 +186,31 @@ def run_vocab(
     min_frequency: int = 2,
     from_vocab: str | None = None,
     log=print,
+    model: str = "wordpiece",
 ) -> Path:
-    """Train a WordPiece vocab on documents, or write an existing vocab as vocab.txt + tokenizer.json."""
+    """Train a WordPiece or byte-level BPE (`model`) vocab on documents, or write an existing vocab as
+    vocab.txt + tokenizer.json."""
     from bertforge.data.build import document_files
-    from bertforge.data.vocab import load_tokenizer, save_tokenizer, train_wordpiece
+    from bertforge.data.vocab import load_tokenizer, round_vocab_size, save_tokenizer, train_bpe, train_wordpiece
 
     t0 = time.perf_counter()
     out = Path(out)
+    files = "vocab.txt, tokenizer.json"
     if from_vocab:
         tok = load_tokenizer(from_vocab, lowercase)
         save_tokenizer(tok, out)
-    else:
-        if not docs:
-            raise UserError("data vocab needs --docs (documents to train on) or --from (an existing vocab)")
+    elif not docs:
+        raise UserError("data vocab needs --docs (documents to train on) or --from (an existing vocab)")
+    elif model == "bpe":
+        if (size := round_vocab_size(vocab_size)) != vocab_size:
+            log(f"data vocab: BPE vocab size {vocab_size} rounded up to {size} (a multiple of 64)")
+        tok = train_bpe(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
+        files = "tokenizer.json (byte-level BPE)"
+    elif model == "wordpiece":
         tok = train_wordpiece(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
-    log(
-        f"data vocab: {tok.get_vocab_size()} tokens -> {out}/vocab.txt, tokenizer.json "
-        f"({time.perf_counter() - t0:.1f}s)"
-    )
+    else:
+        raise UserError(f"vocab model must be wordpiece or bpe, not {model!r}")
+    log(f"data vocab: {tok.get_vocab_size()} tokens -> {out}/{files} ({time.perf_counter() - t0:.1f}s)")
     return out
 
 
@@ -215,7 +245,7 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
     )
     if cfg.vocab.vocab_file:
         run_vocab(None, vocab_dir, lowercase=cfg.vocab.lowercase, from_vocab=cfg.vocab.vocab_file, log=log)
-    elif (vocab_dir / "vocab.txt").is_file() and (vocab_dir / "tokenizer.json").is_file():
+    elif _vocab_done(vocab_dir, cfg.vocab.model):
         log(f"data vocab: {vocab_dir} exists; delete it to retrain")
     else:
         run_vocab(
@@ -226,6 +256,7 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
             cfg.vocab.unused_tokens,
             cfg.vocab.min_frequency,
             log=log,
+            model=cfg.vocab.model,
         )
     s = cfg.shards
     result = run_shards(
@@ -242,3 +273,20 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
         + (f", {eval_dir}" if s.eval_fraction > 0 else "")
     )
     return result
+
+
+def _vocab_done(vocab_dir: Path, model: str) -> bool:
+    """A trained vocab of this model is in vocab_dir (BPE: tokenizer.json alone; WordPiece: both files). A vocab
+    of the other model is an error, not silently reused."""
+    tj = vocab_dir / "tokenizer.json"
+    if not tj.is_file():
+        return False
+    from bertforge.data.vocab import load_tokenizer, tokenizer_model
+
+    have = tokenizer_model(load_tokenizer(tj))
+    if have != model:
+        raise UserError(
+            f"{vocab_dir} holds a {have} vocab but vocab.model is {model}; delete {vocab_dir} to train a {model} "
+            "vocab, or set vocab.model to match"
+        )
+    return model == "bpe" or (vocab_dir / "vocab.txt").is_file()

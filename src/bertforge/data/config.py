@@ -32,10 +32,13 @@ class DocsConfig:
 
 @dataclasses.dataclass
 class VocabConfig:
-    """The WordPiece vocabulary: trained on the documents, or loaded."""
+    """The vocabulary (WordPiece or byte-level BPE): trained on the documents, or loaded."""
 
     vocab_file: str | None = None
     """An existing vocab.txt or tokenizer.json to use instead of training one."""
+    model: str = "wordpiece"
+    """Trained vocab: wordpiece (BERT; vocab.txt + tokenizer.json) or bpe (byte-level, RoBERTa/ModernBERT;
+    tokenizer.json only, its size rounded up to a multiple of 64)."""
     vocab_size: int = 30522
     """Size of a trained vocab."""
     lowercase: bool = True
@@ -48,6 +51,8 @@ class VocabConfig:
     def validate(self) -> None:
         if self.vocab_file is None and self.vocab_size < 64:
             raise ConfigError(f"vocab.vocab_size must be at least 64, got {self.vocab_size}")
+        if self.model not in ("wordpiece", "bpe"):
+            raise ConfigError(f"vocab.model must be wordpiece or bpe, not {self.model!r}")
         if self.unused_tokens < 0 or self.min_frequency < 1:
             raise ConfigError("vocab.unused_tokens must be >= 0 and vocab.min_frequency >= 1")
 
@@ -75,6 +80,10 @@ class ShardsConfig:
     """Whole-word masking."""
     dynamic_masking: bool = False
     """Store unmasked pairs and mask in the loader, a fresh draw every epoch."""
+    objective: str = "mlm_nsp"
+    """mlm_nsp: Google BERT sentence pairs with NSP labels; mlm: MLM-only rows (RoBERTa FULL-SENTENCES:
+    consecutive sentences across documents, a [SEP] between documents, every row full but a shard's last; no
+    segment B, no NSP label), stored unmasked and masked in the loader (train.objective mlm reads them)."""
     eval_fraction: float = 0.0
     """Fraction of documents held out into eval shards."""
     eval_shards: int = 1
@@ -99,13 +108,19 @@ class ShardsConfig:
             raise ConfigError(f"shards.short_seq_prob (--short-seq-prob) must be in [0, 1], got {self.short_seq_prob}")
         if self.workers < 0:
             raise ConfigError(f"shards.workers (--workers) must be >= 0, got {self.workers}")
+        if self.objective not in ("mlm_nsp", "mlm"):
+            raise ConfigError(f"shards.objective (--objective) must be mlm_nsp or mlm, not {self.objective!r}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"shards.eval_fraction (--eval-fraction) must be in [0, 1), got {self.eval_fraction}")
 
     def content(self) -> dict:
         """The settings that determine the shards' bytes (hashed into each shard and the manifest): all but
-        `workers`, so a re-run with another worker count still skips finished shards."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "workers"}
+        `workers`, so a re-run with another worker count still skips finished shards. The default objective
+        is left out too, so the sentence-pair shards written before it existed keep their hash."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k != "workers"}
+        if self.objective == "mlm_nsp":
+            del out["objective"]
+        return out
 
 
 @dataclasses.dataclass

@@ -95,7 +95,8 @@ def shard_stats(info: ShardInfo | str | Path) -> dict[str, Any]:
             if kind == "packed":
                 _packed_block(f, a, b, im, c)
             else:
-                c.add_lengths((im != 0).sum(1), f["next_sentence_labels"][a:b])
+                nsp = f["next_sentence_labels"][a:b] if "next_sentence_labels" in f else np.zeros(0, np.int8)
+                c.add_lengths((im != 0).sum(1), nsp)  # MLM-only rows have no NSP label
             if "masked_lm_positions" in f:
                 # a real prediction has a nonzero position (position 0 is [CLS]); packed rows: count per row
                 c.add_masked((f["masked_lm_positions"][a:b] != 0).sum(1))

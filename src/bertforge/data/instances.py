@@ -19,7 +19,7 @@ Google's loop; the tests check that both agree in distribution.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -35,15 +35,33 @@ def num_to_predict(length: np.ndarray | int, max_pred: int, masked_lm_prob: floa
     return np.minimum(max_pred, np.maximum(1, n))
 
 
-def _apply_80_10_10(
-    ids: np.ndarray, rows: np.ndarray, cols: np.ndarray, rng: np.random.Generator, vocab_size: int, mask_id: int
+REPLACE_SPLIT = (0.8, 0.1)
+"""(P([MASK]), P(random token)) of a chosen position; it keeps its token otherwise: Google BERT's 80/10/10."""
+
+
+def check_replace_split(split: Sequence[float]) -> None:
+    """A ValueError unless split = (P([MASK]), P(random)) are probabilities whose sum is at most 1."""
+    m, r = split
+    if not (0.0 <= m <= 1.0 and 0.0 <= r <= 1.0 and m + r <= 1.0 + 1e-12):
+        raise ValueError(f"the replacement split needs P([MASK]) {m} and P(random) {r} in [0, 1] with a sum <= 1")
+
+
+def _apply_replacement(
+    ids: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    rng: np.random.Generator,
+    vocab_size: int,
+    mask_id: int,
+    split: Sequence[float] = REPLACE_SPLIT,
 ) -> None:
-    """In place: ids[rows, cols] -> [MASK] (80%), unchanged (10%), a random vocab id (10%)."""
+    """In place: ids[rows, cols] -> [MASK] (p = split[0]), a random vocab id (p = split[1]), else unchanged."""
     k = rows.shape[0]
     u = rng.random(k)
     rand = rng.integers(0, vocab_size, k)
-    # Google: `if rng.random() < 0.8: [MASK] else: keep if rng.random() < 0.5 else random word`
-    replace = np.where(u < 0.8, mask_id, np.where(u < 0.9, ids[rows, cols], rand))
+    # Google: `if rng.random() < 0.8: [MASK] else: keep if rng.random() < 0.5 else random word`; with the
+    # default split the thresholds are 0.8 and 1 - 0.1 == 0.9, so the draws and results are Google's
+    replace = np.where(u < split[0], mask_id, np.where(u < 1.0 - split[1], ids[rows, cols], rand))
     ids[rows, cols] = replace
 
 
@@ -57,11 +75,13 @@ def mask_batch(
     special_ids: Sequence[int] = BERT_UNCASED_SPECIAL_IDS,
     mask_id: int = BERT_UNCASED_MASK_ID,
     word_starts: np.ndarray | None = None,
+    split: Sequence[float] = REPLACE_SPLIT,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mask a batch of rows; returns (masked input_ids (N,S), positions (N,P) int32, labels (N,P) int32).
 
     input_ids: (N, S) token ids, real tokens first; lengths: (N,) real tokens per row (incl. [CLS]/[SEP]).
     word_starts: (N, S) bool/int, 1 where a token starts a word; given -> whole-word masking.
+    split: (P([MASK]), P(random token)) of a chosen position (REPLACE_SPLIT: 80/10/10).
     """
     ids = np.array(input_ids, copy=True)
     if ids.ndim != 2:
@@ -103,7 +123,7 @@ def mask_batch(
         rows, slots = np.nonzero(valid)
         cols = chosen[rows, slots]
     labels[rows, slots] = ids[rows, cols]
-    _apply_80_10_10(ids, rows, cols, rng, vocab_size, mask_id)
+    _apply_replacement(ids, rows, cols, rng, vocab_size, mask_id, split)
     return ids, positions, labels
 
 
@@ -148,17 +168,19 @@ def mask_tokens(
     word_starts: np.ndarray | None = None,
     mask_id: int = BERT_UNCASED_MASK_ID,
     length: int | None = None,
+    split: Sequence[float] = REPLACE_SPLIT,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mask one sequence: returns (input_ids like `tokens`, positions (max_pred,) int32, labels (max_pred,) int32).
 
     `tokens` is `[CLS] A [SEP] B [SEP]` (1-D); a padded row is fine when `length` gives the real length
-    (default: len(tokens)). `word_starts` (same length, 1 = starts a word) turns on whole-word masking.
+    (default: len(tokens)). `word_starts` (same length, 1 = starts a word) turns on whole-word masking;
+    `split` is the replacement split (see `mask_batch`).
     """
     tokens = np.asarray(tokens)
     n = tokens.shape[0] if length is None else int(length)
     ws = None if word_starts is None else np.asarray(word_starts)[None, :]
     ids, pos, lab = mask_batch(
-        tokens[None, :], np.array([n]), rng, vocab_size, max_pred, masked_lm_prob, special_ids, mask_id, ws
+        tokens[None, :], np.array([n]), rng, vocab_size, max_pred, masked_lm_prob, special_ids, mask_id, ws, split
     )
     return ids[0], pos[0], lab[0]
 
@@ -398,4 +420,94 @@ def build_rows(
         "input_mask": (c < total[:, None]).view(np.int8),
         # segment 0: [CLS] A [SEP]; segment 1: B [SEP]
         "segment_ids": ((c >= (la + 2)[:, None]) & (c < total[:, None])).view(np.int8),
+    }
+
+
+# ------------------------------------------------------------------------------------ MLM-only rows
+def mlm_stream_length(n_tokens: int, n_docs: int, dupe_factor: int) -> int:
+    """Tokens of the MLM-only stream: dupe_factor passes over the documents, one separator between
+    consecutive documents (none after the last)."""
+    return dupe_factor * (n_tokens + n_docs) - 1 if n_docs else 0
+
+
+def mlm_row_count(n_tokens: int, n_docs: int, dupe_factor: int, seq_len: int) -> int:
+    """Rows `full_sentence_rows` yields: the stream cut into pieces of seq_len - 2 tokens, the last one partial."""
+    return -(-mlm_stream_length(n_tokens, n_docs, dupe_factor) // (seq_len - 2))
+
+
+def _document_passes(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    doc_first: np.ndarray,
+    doc_count: np.ndarray,
+    rng: np.random.Generator,
+    dupe_factor: int,
+    sep_id: int,
+) -> Iterator[np.ndarray]:
+    """Each pass: every document once, in a fresh seeded order, each followed by [SEP] (int32 (T + docs,))."""
+    first = np.asarray(doc_first, dtype=np.int64)
+    starts = np.asarray(offsets, dtype=np.int64)[first]  # (D,) each document's first token
+    lens = np.asarray(offsets, dtype=np.int64)[first + np.asarray(doc_count, dtype=np.int64)] - starts  # (D,)
+    for _ in range(dupe_factor):
+        order = rng.permutation(first.size)
+        s, n = starts[order], lens[order] + 1  # each document plus its separator
+        out = np.full(int(n.sum()), sep_id, dtype=np.int32)
+        row, j = _ragged(s, n - 1)
+        out[(np.cumsum(n) - n)[row] + j] = tokens[s[row] + j]
+        yield out
+
+
+def full_sentence_rows(
+    tokens: np.ndarray,
+    offsets: np.ndarray,
+    doc_first: np.ndarray,
+    doc_count: np.ndarray,
+    rng: np.random.Generator,
+    seq_len: int,
+    dupe_factor: int,
+    cls_id: int,
+    sep_id: int,
+    block_rows: int = 4096,
+) -> Iterator[dict[str, np.ndarray]]:
+    """MLM-only rows (RoBERTa's FULL-SENTENCES, no segment B, no NSP label), in blocks of `block_rows`.
+
+    The documents (sentence k is tokens[offsets[k]:offsets[k+1]], document d its sentences doc_first[d] ..
+    + doc_count[d]) are streamed dupe_factor times, each pass in a new seeded order, with one [SEP] between
+    consecutive documents (RoBERTa's extra separator at a document boundary). The stream is cut into pieces
+    of seq_len - 2 tokens, each row `[CLS] piece [SEP]`: every row is full but the last, and a sentence that
+    does not fit the rest of a row continues in the next (no padding, as MosaicBERT's and ModernBERT's
+    concatenated streams; RoBERTa ended the row before it). Yields input_ids (b, S) int32, input_mask (b, S)
+    int8 and segment_ids (b, S) int8 (all 0).
+    """
+    C = seq_len - 2
+    total = mlm_stream_length(int(offsets[-1]), len(doc_first), dupe_factor)
+    carry = np.zeros(0, np.int32)
+    done = 0  # stream tokens already in rows
+    for part in _document_passes(tokens, offsets, doc_first, doc_count, rng, dupe_factor, sep_id):
+        buf = np.concatenate([carry, part])
+        if done + buf.size >= total:  # the last pass: drop the separator after the last document
+            buf = buf[: total - done]
+        full = buf.size // C if done + buf.size < total else -(-buf.size // C)
+        for a in range(0, full, block_rows):
+            b = min(full, a + block_rows)
+            yield _stream_rows(buf[a * C : b * C], b - a, seq_len, cls_id, sep_id)
+        done += min(buf.size, full * C)
+        carry = buf[full * C :]
+
+
+def _stream_rows(piece: np.ndarray, n: int, seq_len: int, cls_id: int, sep_id: int) -> dict[str, np.ndarray]:
+    """n rows `[CLS] chunk [SEP]` from consecutive chunks of seq_len - 2 tokens of `piece` (the last may be short)."""
+    C = seq_len - 2
+    body = np.zeros(n * C, np.int32)
+    body[: piece.size] = piece
+    ids = np.zeros((n, seq_len), np.int32)
+    ids[:, 1 : 1 + C] = body.reshape(n, C)  # (n, C) into columns 1..C
+    lens = np.minimum(C, piece.size - np.arange(n) * C)  # (n,) tokens of each chunk
+    ids[:, 0] = cls_id
+    ids[np.arange(n), lens + 1] = sep_id
+    c = np.arange(seq_len)[None, :]  # (1, S)
+    return {
+        "input_ids": ids,
+        "input_mask": (c < (lens + 2)[:, None]).view(np.int8),
+        "segment_ids": np.zeros((n, seq_len), np.int8),  # no segment B
     }

@@ -1,7 +1,8 @@
 """The pre-training data loader: HDF5 shards → micro-batches, per rank, resumable, in worker processes.
 
-Reads the three shard kinds of DESIGN §3.2/§3.3: NVIDIA-format (masks stored), dynamic-masking (unmasked pairs;
-masked here, a fresh draw every epoch, with `instances.mask_tokens`) and packed (several sequences per row).
+Reads the shard kinds of DESIGN §3.2/§3.3: NVIDIA-format (masks stored), dynamic-masking (unmasked pairs) and
+MLM-only rows (unmasked, no NSP label) — both masked here, a fresh draw every epoch, with `instances.mask_tokens`
+at a configurable rate and replacement split — and packed (several sequences per row).
 What the shards are — files, kind, row counts, widths, masking parameters — comes from their
 `bertforge.data.shardset.ShardSet` (`PretrainLoader.shards`); this module only reads rows.
 
@@ -35,7 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertforge.data.shardset import ROW_KEYS, ShardSet, reading
+from bertforge.data.instances import REPLACE_SPLIT, check_replace_split, mask_tokens, num_to_predict
+from bertforge.data.shardset import LOADER_MASKED, ROW_KEYS, ShardSet, reading
 from bertforge.errors import UserError
 
 
@@ -125,9 +127,11 @@ class LoaderSpec:
     special_ids: tuple[int, ...] = (0, 101, 102)
     mask_id: int = 103
     wwm: bool = False
+    mask_split: tuple[float, float] = REPLACE_SPLIT
+    """(P([MASK]), P(random token)) of a masked position; it keeps its token otherwise (80/10/10)."""
     pack_per_row: int = 0
-    """Dynamic-masking shards only: pack each micro-batch window of sequences on the fly into rows of at most
-    this many sequences (the histogram algorithms of `bertforge.data.packing`); 0 = no packing."""
+    """Shards masked here (dynamic, mlm) only: pack each micro-batch window of sequences on the fly into rows of
+    at most this many sequences (the histogram algorithms of `bertforge.data.packing`); 0 = no packing."""
 
 
 class LaneReader:
@@ -182,65 +186,14 @@ class LaneReader:
 def collate(
     spec: LoaderSpec, rows: list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]
 ) -> dict[str, torch.Tensor]:
-    """Rows → model inputs (the names of `bertforge.model`'s forward), int64 tensors."""
+    """Rows → model inputs (the names of `bertforge.model`'s forward), int64 tensors. MLM-only rows carry no
+    NSP labels (the batch has no `nsp_labels`)."""
 
     def stack(key: str) -> np.ndarray:
         return np.stack([arr[key][i] for arr, i, _ in rows])
 
-    batch: dict[str, np.ndarray] = {}
-    if spec.kind == "dynamic":
-        from bertforge.data.instances import mask_tokens
-
-        ids = stack("input_ids").astype(np.int64)
-        P = spec.max_pred
-        pos = np.zeros((len(rows), P), np.int64)
-        lab = np.zeros((len(rows), P), np.int64)
-        for r, (arr, i, (e, shard, row)) in enumerate(rows):
-            # a fresh mask every epoch, the same on every run: the rng is a function of (seed, epoch, shard, row)
-            rng = np.random.default_rng([spec.seed, e, shard, row])
-            n = int((arr["input_mask"][i] != 0).sum())
-            ws = arr["word_starts"][i] if spec.wwm and "word_starts" in arr else None
-            masked, p, l = mask_tokens(
-                ids[r],
-                rng,
-                spec.vocab_size,
-                P,
-                spec.masked_lm_prob,
-                special_ids=spec.special_ids,
-                word_starts=ws,
-                mask_id=spec.mask_id,
-                length=n,
-            )
-            ids[r] = masked
-            pos[r, : len(p)] = p
-            lab[r, : len(l)] = l
-        batch = {
-            "input_ids": ids,
-            "attention_mask": stack("input_mask"),
-            "token_type_ids": stack("segment_ids"),
-            "masked_positions": pos,
-            "masked_labels": lab,
-            "nsp_labels": stack("next_sentence_labels"),
-        }
-        if spec.pack_per_row:
-            # packing + dynamic masking: the freshly masked window is packed like a packed shard's rows, so the
-            # micro-batch keeps its sequences (an update sees exactly the global batch) in fewer rows
-            from bertforge.data.packing_rows import pack_samples
-
-            e, shard, row = rows[0][2]
-            packed = pack_samples(
-                {
-                    "input_ids": ids,
-                    "input_mask": batch["attention_mask"],
-                    "segment_ids": batch["token_type_ids"],
-                    "masked_lm_positions": pos,
-                    "masked_lm_ids": lab,
-                    "next_sentence_labels": batch["nsp_labels"],
-                },
-                spec.pack_per_row,
-                rng=np.random.default_rng([spec.seed, e, shard, row, 1]),
-            )
-            batch = _packed_batch(lambda key: packed[key])
+    if spec.kind in LOADER_MASKED:
+        batch = _masked_batch(spec, rows, stack)
     elif spec.kind == "packed":
         batch = _packed_batch(stack)
     else:
@@ -253,6 +206,68 @@ def collate(
             "nsp_labels": stack("next_sentence_labels"),
         }
     return {k: torch.from_numpy(np.ascontiguousarray(v).astype(np.int64)) for k, v in batch.items()}
+
+
+def _masked_batch(spec: LoaderSpec, rows, stack) -> dict[str, np.ndarray]:
+    """Unmasked rows (dynamic pairs, MLM-only rows) masked now, then packed when spec.pack_per_row."""
+    ids = stack("input_ids").astype(np.int64)
+    P = spec.max_pred
+    pos = np.zeros((len(rows), P), np.int64)
+    lab = np.zeros((len(rows), P), np.int64)
+    for r, (arr, i, (e, shard, row)) in enumerate(rows):
+        # a fresh mask every epoch, the same on every run and resume: the rng is a function of
+        # (seed, epoch, shard, row), never of what was drawn before
+        rng = np.random.default_rng([spec.seed, e, shard, row])
+        n = int((arr["input_mask"][i] != 0).sum())
+        ws = arr["word_starts"][i] if spec.wwm and "word_starts" in arr else None
+        masked, p, l = mask_tokens(
+            ids[r],
+            rng,
+            spec.vocab_size,
+            P,
+            spec.masked_lm_prob,
+            special_ids=spec.special_ids,
+            word_starts=ws,
+            mask_id=spec.mask_id,
+            length=n,
+            split=spec.mask_split,
+        )
+        ids[r] = masked
+        pos[r, : len(p)] = p
+        lab[r, : len(l)] = l
+    mlm_only = spec.kind == "mlm"
+    nsp = np.zeros(len(rows), np.int8) if mlm_only else stack("next_sentence_labels")
+    batch = {
+        "input_ids": ids,
+        "attention_mask": stack("input_mask"),
+        "token_type_ids": stack("segment_ids"),
+        "masked_positions": pos,
+        "masked_labels": lab,
+        "nsp_labels": nsp,
+    }
+    if spec.pack_per_row:
+        # packing + dynamic masking: the freshly masked window is packed like a packed shard's rows, so the
+        # micro-batch keeps its sequences (an update sees exactly the global batch) in fewer rows
+        from bertforge.data.packing_rows import pack_samples
+
+        e, shard, row = rows[0][2]
+        packed = pack_samples(
+            {
+                "input_ids": ids,
+                "input_mask": batch["attention_mask"],
+                "segment_ids": batch["token_type_ids"],
+                "masked_lm_positions": pos,
+                "masked_lm_ids": lab,
+                "next_sentence_labels": nsp,
+            },
+            spec.pack_per_row,
+            rng=np.random.default_rng([spec.seed, e, shard, row, 1]),
+        )
+        batch = _packed_batch(lambda key: packed[key])
+    if mlm_only:  # no NSP: the model gets no NSP inputs
+        batch.pop("nsp_labels")
+        batch.pop("nsp_positions", None)
+    return batch
 
 
 def _packed_batch(get) -> dict[str, np.ndarray]:
@@ -326,14 +341,17 @@ class PretrainLoader:
         vocab_size: int = 30522,
         max_pred: int | None = None,
         pack_per_row: int = 0,
+        mlm_probability: float | None = None,
+        mask_split: tuple[float, float] = REPLACE_SPLIT,
     ) -> PretrainLoader:
-        """`directory`: a shard directory or its `ShardSet`."""
+        """`directory`: a shard directory or its `ShardSet`. `mlm_probability` and `mask_split`: the masking
+        rate (None: the shards' own) and replacement split of shards masked here (see `masking_overrides`)."""
         shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
-        if pack_per_row and shards.kind != "dynamic":
+        if pack_per_row and shards.kind not in LOADER_MASKED:
             from bertforge.errors import ConfigError
 
             raise ConfigError(
-                f"data.pack_per_row packs dynamic-masking shards on the fly, but {shards.directory} "
+                f"data.pack_per_row packs dynamic-masking and MLM-only shards on the fly, but {shards.directory} "
                 f"holds {shards.kind} shards: pack those once with `bertforge pack`, or set it to 0"
             )
         accum = batch_arithmetic(global_batch, micro_batch, world_size)
@@ -349,6 +367,7 @@ class PretrainLoader:
             vocab_size=vocab_size,
             pack_per_row=pack_per_row,
             max_pred=max_pred,
+            masking=masking_overrides(shards, mlm_probability, mask_split),
         )
         return cls(spec, shards, num_workers, prefetch)
 
@@ -394,15 +413,39 @@ def _can_fork() -> bool:
     return "fork" in mp.get_all_start_methods()
 
 
-def _spec(shards: ShardSet, max_pred: int | None = None, **kw: Any) -> LoaderSpec:
-    """The loader's plain-data spec over `shards`; a dynamic shard's masking parameters fill in the defaults."""
+def _spec(
+    shards: ShardSet, max_pred: int | None = None, masking: dict[str, Any] | None = None, **kw: Any
+) -> LoaderSpec:
+    """The loader's plain-data spec over `shards`; a dynamic shard's masking parameters fill in the defaults,
+    `masking` (from `masking_overrides`) overrides them."""
     return LoaderSpec(
         files=[str(f) for f in shards.files],
         rows=[i.rows for i in shards.infos],
         kind=shards.kind,
         **kw,
-        **{"max_pred": max_pred or shards.max_pred or 20, **shards.masking_params()},
+        **{"max_pred": max_pred or shards.max_pred or 20, **shards.masking_params(), **(masking or {})},
     )
+
+
+def masking_overrides(
+    shards: ShardSet, mlm_probability: float | None, mask_split: tuple[float, float] = REPLACE_SPLIT
+) -> dict[str, Any]:
+    """The LoaderSpec fields that data.mlm_probability and the replacement split set for `shards`: the rate, the
+    split, and masked-LM slots widened to a full row's round(seq_len x rate) so a higher rate is not capped by
+    the shards' max_pred. Shards masked at creation take neither (a UserError unless both are the defaults)."""
+    split = (float(mask_split[0]), float(mask_split[1]))
+    if shards.kind not in LOADER_MASKED:
+        if mlm_probability is not None or split != REPLACE_SPLIT:
+            raise UserError(
+                f"data.mlm_probability / data.mask_replace_prob / data.random_replace_prob set how the loader "
+                f"masks, but {shards.directory} holds {shards.kind} shards whose masks were drawn when they were "
+                "written: build shards with --dynamic-masking or --objective mlm, or leave those keys unset"
+            )
+        return {}
+    check_replace_split(split)
+    rate = mlm_probability if mlm_probability is not None else shards.masking_params().get("masked_lm_prob", 0.15)
+    slots = max(shards.max_pred or 20, int(num_to_predict(shards.seq_len, shards.seq_len, rate)))
+    return {"masked_lm_prob": float(rate), "mask_split": split, "max_pred": slots}
 
 
 def batch_arithmetic(global_batch: int, micro_batch: int, world_size: int) -> int:
@@ -423,12 +466,16 @@ def eval_batches(
     max_batches: int | None = None,
     vocab_size: int = 30522,
     seed: int = 0,
+    mlm_probability: float | None = None,
+    mask_split: tuple[float, float] = REPLACE_SPLIT,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Held-out batches in file order (no shuffle), rank r taking batches r, r+W, … (for periodic evaluation).
-    Dynamic-masking eval shards are masked with a fixed seed, so every evaluation sees the same masks."""
+    Eval shards masked here are masked with a fixed seed, so every evaluation sees the same masks, at the
+    training run's rate and split."""
     shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
     spec = _spec(
         shards,
+        masking=masking_overrides(shards, mlm_probability, mask_split),
         lanes=[[Piece(s, 0, i.rows) for s, i in enumerate(shards.infos)]],
         my_lanes=[0],
         micro_batch=batch_size,

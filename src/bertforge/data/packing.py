@@ -98,6 +98,11 @@ def _open_input(cfg: PackConfig) -> ShardSet:
             f"{shards.files[0]} is a dynamic-masking shard (no masked_lm_positions): it is packed on "
             "the fly by the pretrain loader; `bertforge pack` needs masked shards"
         )
+    if shards.kind == "mlm":
+        raise UserError(
+            f"{shards.files[0]} holds MLM-only rows, already full (only a shard's last row is short): there is "
+            "nothing to pack; train on them as they are (data.pack_per_row also accepts them)"
+        )
     if not shards.rows:
         raise UserError(f"the input shards ({shards.directory}) hold no rows; nothing to pack")
     return shards

@@ -1,7 +1,7 @@
 """The one owner of the shard format: what a directory of pre-training shards holds, read once.
 
 A `ShardSet` answers every question the rest of bertforge asks about a shard directory — which files, in
-which order, of which kind (DESIGN §3.2 NVIDIA, our dynamic-masking variant, §3.3 packed), their row
+which order, of which kind (DESIGN §3.2 NVIDIA, our dynamic-masking variant, our MLM-only rows, §3.3 packed), their row
 counts and widths, the manifest beside them (vocab, masking parameters, packing statistics) — from the HDF5
 metadata only (no row is read), once per directory and process:
 
@@ -47,6 +47,12 @@ DYNAMIC_SCHEMA: dict[str, type] = {  # unmasked pairs; word_starts only with who
     "next_sentence_labels": np.int8,
     "word_starts": np.int8,
 }
+MLM_SCHEMA: dict[str, type] = {  # MLM-only full rows, unmasked: no segment B (segment_ids all 0), no NSP label
+    "input_ids": np.int32,
+    "input_mask": np.int8,
+    "segment_ids": np.int8,
+    "word_starts": np.int8,
+}
 PACKED_SCHEMA: dict[str, type] = {  # DESIGN §3.3
     "input_ids": np.int32,
     "segment_ids": np.int8,
@@ -58,7 +64,11 @@ PACKED_SCHEMA: dict[str, type] = {  # DESIGN §3.3
     "next_sentence_labels": np.int8,
     "next_sentence_weights": np.int8,
 }
-SCHEMAS = {"nvidia": NVIDIA_SCHEMA, "dynamic": DYNAMIC_SCHEMA, "packed": PACKED_SCHEMA}
+SCHEMAS = {"nvidia": NVIDIA_SCHEMA, "dynamic": DYNAMIC_SCHEMA, "mlm": MLM_SCHEMA, "packed": PACKED_SCHEMA}
+LOADER_MASKED = ("dynamic", "mlm")
+"""Kinds stored unmasked: the loader masks them, a fresh draw every epoch."""
+OBJECTIVES = {"nvidia": "mlm_nsp", "dynamic": "mlm_nsp", "mlm": "mlm", "packed": "mlm_nsp"}
+"""The pre-training objective each kind's rows are made for (`train.objective`)."""
 NVIDIA_KEYS = tuple(NVIDIA_SCHEMA)
 PACKED_KEYS = tuple(PACKED_SCHEMA)
 ROW_KEYS = frozenset(NVIDIA_SCHEMA) | frozenset(DYNAMIC_SCHEMA) | frozenset(PACKED_SCHEMA)
@@ -125,8 +135,9 @@ def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def kind_of(keys: set[str] | frozenset[str], attrs: Mapping[str, Any]) -> str:
-    """ "nvidia" (masked at creation), "dynamic" (unmasked pairs) or "packed", from datasets and attributes."""
-    if attrs.get(KIND_ATTR) in ("dynamic", "packed"):
+    """ "nvidia" (masked at creation), "dynamic" (unmasked pairs), "mlm" (unmasked MLM-only rows) or "packed",
+    from datasets and attributes."""
+    if attrs.get(KIND_ATTR) in ("dynamic", "mlm", "packed"):
         return str(attrs[KIND_ATTR])
     if "next_sentence_positions" in keys:
         return "packed"
@@ -268,7 +279,7 @@ class ShardSet:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """The datasets of this kind's schema (DYNAMIC's word_starts is optional)."""
+        """The datasets of this kind's schema (word_starts of the unmasked kinds is optional)."""
         return tuple(SCHEMAS[self.kind])
 
     @property
@@ -315,11 +326,16 @@ class ShardSet:
         """Sequences per row: packed shards' packing.json figure, 1.0 for the other kinds."""
         return float(self.manifest.get("avg_seq_per_sample", 1.0)) if self.kind == "packed" else 1.0
 
+    @property
+    def objective(self) -> str:
+        """mlm_nsp (sentence pairs with NSP labels) or mlm (MLM-only rows, `data shards --objective mlm`)."""
+        return OBJECTIVES[self.kind]
+
     def masking_params(self) -> dict[str, Any]:
-        """Dynamic masking's parameters from a dynamic shard's attributes (`bertforge data shards
-        --dynamic-masking`): max_pred, masked_lm_prob, special and [MASK] ids, whole-word masking. {} for the
-        kinds that are masked at creation."""
-        if self.kind != "dynamic":
+        """Dynamic masking's parameters from an unmasked shard's attributes (`bertforge data shards
+        --dynamic-masking` or `--objective mlm`): max_pred, masked_lm_prob, special and [MASK] ids, whole-word
+        masking. {} for the kinds that are masked at creation."""
+        if self.kind not in LOADER_MASKED:
             return {}
         a = self.attrs
         out: dict[str, Any] = {}
@@ -337,6 +353,20 @@ class ShardSet:
         return out
 
     # ------------------------------------------------------------------------------------ checks
+    def check_objective(self, objective: str) -> None:
+        """A UserError (one line) unless these shards are made for `objective` (train.objective)."""
+        if objective == self.objective:
+            return
+        fix = (
+            "build MLM-only shards with `bertforge data shards --objective mlm`"
+            if objective == "mlm"
+            else "build sentence-pair shards (`bertforge data shards` without --objective mlm)"
+        )
+        raise UserError(
+            f"train.objective is {objective} but {self.directory} holds {self.kind} shards made for "
+            f"{self.objective}: set train.objective={self.objective}, or {fix}"
+        )
+
     def check_model(self, vocab_size: int, max_position_embeddings: int) -> None:
         """A UserError when the model cannot take these shards: rows longer than its position table, or token
         ids (the vocab the manifest records) beyond its vocab."""

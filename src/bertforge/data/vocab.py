@@ -1,4 +1,10 @@
-"""WordPiece vocabularies: train one with Hugging Face `tokenizers`, or load a vocab.txt / tokenizer.json.
+"""Vocabularies: train a WordPiece or a byte-level BPE one with Hugging Face `tokenizers`, or load a vocab.txt /
+tokenizer.json.
+
+Layout of a vocab directory (`bertforge data vocab --out DIR`): WordPiece writes `vocab.txt` and
+`tokenizer.json`; BPE writes `tokenizer.json` only (a BPE model is its merges as well as its tokens, which a
+vocab.txt cannot hold). `load_tokenizer(DIR)` prefers tokenizer.json, so both load the same way, and the shard
+manifest records which model it was (`tokenizer_model`).
 
 A trained vocab keeps BERT's layout of special tokens: `[PAD]` = 0, then the optional `[unusedN]` slots, then
 `[UNK] [CLS] [SEP] [MASK]` (bert-base-uncased has [PAD]=0, [unused0..98], [UNK]=100, [CLS]=101, [SEP]=102,
@@ -164,6 +170,11 @@ def continuation_table(tok: Tokenizer) -> np.ndarray:
     return table
 
 
+def tokenizer_model(tok: Tokenizer) -> str:
+    """ "wordpiece", "bpe" (or the model's class name, lower-cased): what a manifest records."""
+    return type(tok.model).__name__.lower()
+
+
 def vocab_hash(path: str | os.PathLike) -> str:
     """sha256 of the vocab file (of tokenizer.json/vocab.txt when given a directory)."""
     path = Path(path)
@@ -270,6 +281,15 @@ def _bert_wordpiece(lowercase: bool, vocab: dict[str, int] | None = None) -> Tok
     return tok
 
 
+def _training_inputs(files: Iterable[str | os.PathLike], unused_tokens: int) -> tuple[list[Path], list[str]]:
+    """The document files (an error when there are none) and the special tokens of a trained vocab, BERT's
+    layout: [PAD] = 0, the [unusedN] slots, [UNK] [CLS] [SEP] [MASK]."""
+    paths = [Path(f) for f in files]
+    if not paths:
+        raise UserError("no document files to train a vocab on; run `bertforge data docs` or `data wiki` first")
+    return paths, ["[PAD]"] + [f"[unused{i}]" for i in range(unused_tokens)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
 def train_wordpiece(
     files: Iterable[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -282,10 +302,7 @@ def train_wordpiece(
 
     The same files and settings give byte-identical vocab.txt and tokenizer.json (see _continuation_symbols).
     """
-    paths = [Path(f) for f in files]
-    if not paths:
-        raise UserError("no document files to train a vocab on; run `bertforge data docs` or `data wiki` first")
-    specials = ["[PAD]"] + [f"[unused{i}]" for i in range(unused_tokens)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    paths, specials = _training_inputs(files, unused_tokens)
     if vocab_size <= len(specials) + 26:
         raise UserError(f"--vocab-size {vocab_size} is too small for {len(specials)} special tokens plus an alphabet")
     tok = _bert_wordpiece(lowercase)
@@ -311,4 +328,69 @@ def train_wordpiece(
         special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
     )
     save_tokenizer(tok, out_dir)
+    return tok
+
+
+BPE_MULTIPLE = 64
+"""A trained BPE vocab's size is rounded up to a multiple of this (the embedding and decoder matmuls run on
+tensor-core-friendly shapes; ModernBERT pads its vocab the same way)."""
+
+
+def round_vocab_size(n: int, multiple: int = BPE_MULTIPLE) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _bpe_tokenizer(lowercase: bool) -> Tokenizer:
+    """Byte-level BPE (GPT-2/RoBERTa): every byte is in the alphabet, so no text is ever [UNK]."""
+    tok = Tokenizer(models.BPE())
+    # NFC so that the same text in two Unicode forms gives the same bytes; lower-case when uncased
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.NFC(), normalizers.Lowercase()] if lowercase else [normalizers.NFC()]
+    )
+    # a space before every line's first word too: sentences are tokenized one line at a time and then joined
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def train_bpe(
+    files: Iterable[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    vocab_size: int = 50368,
+    lowercase: bool = False,
+    unused_tokens: int = 0,
+    min_frequency: int = 2,
+) -> Tokenizer:
+    """Train a byte-level BPE vocab on text files and save it to `out_dir` as tokenizer.json.
+
+    vocab_size is rounded up to a multiple of 64; special tokens are BERT's names in BERT's order ([PAD] = 0,
+    [unusedN], [UNK], [CLS], [SEP], [MASK]), so every data and model path treats both vocabs alike. A corpus
+    too small for that many merges gives fewer tokens; [unusedN] tokens then pad the vocab to the multiple.
+    The same files and settings give a byte-identical tokenizer.json.
+    """
+    paths, specials = _training_inputs(files, unused_tokens)
+    size = round_vocab_size(vocab_size)
+    if size <= len(specials) + 256:
+        raise UserError(f"vocab_size {vocab_size} is too small for {len(specials)} special tokens plus 256 bytes")
+    tok = _bpe_tokenizer(lowercase)
+    trainer = trainers.BpeTrainer(
+        vocab_size=size,
+        min_frequency=min_frequency,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(iter_document_lines(paths), trainer=trainer)
+    have = tok.get_vocab_size()
+    if have % BPE_MULTIPLE:
+        tok.add_special_tokens([f"[unused{unused_tokens + i}]" for i in range(round_vocab_size(have) - have)])
+    vocab = tok.get_vocab()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "tokenizer.json", tok.to_str(pretty=True))
     return tok

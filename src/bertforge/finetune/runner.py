@@ -528,7 +528,7 @@ def train(s: Session, preempt: Preemption | None = None) -> None:
             if step >= total:
                 break
             step += 1  # a skipped (non-finite) update still uses its batch and its place in the schedule
-            lr = lr_at(step, o.lr, total, o.warmup, o.schedule)
+            lr = lr_at(step, o.lr, total, o.warmup, o.schedule, o.decay, o.decay_shape)
             set_lr(step_fn.optimizer, lr)
             batches, accum, weights = micro_batches(s, data, rows, pad_to)
             result = train_step(step_fn, batches, accum, weights=weights)

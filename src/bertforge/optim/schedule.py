@@ -6,6 +6,11 @@
 non-finite step does not advance it). This matches NVIDIA DeepLearningExamples BERT, which calls
 `lr_scheduler.step()` right before `optimizer.step()`, so its first update already uses progress 1/max_steps.
 
+`wsd` is the warmup-stable-decay ("trapezoidal") schedule of MiniCPM (Hu et al. 2024, arXiv 2404.06395) and
+Hägele et al. 2024 (arXiv 2405.18392): linear warmup, the peak held, then a decay to 0 over the last
+`decay` fraction of the steps, linear or "1-sqrt" (the latter matches cosine at a fraction of the cost; ModernBERT
+trains with it).
+
 In phase 2 the step is local to the phase: a phase-2 run started from a phase-1 checkpoint counts from 0
 again (`phase_step`), and a resume in the middle of phase 2 continues from the phase-2 step it saved.
 """
@@ -29,13 +34,45 @@ def linear_warmup(step: int, base_lr: float, max_steps: int, warmup: float) -> f
     return base_lr * max(0.0, (max_steps - step) / max(1.0, max_steps - warmup_steps))
 
 
-SCHEDULES = {"poly": poly_warmup, "linear": linear_warmup}
+DECAY_SHAPES = ("linear", "1-sqrt")
 
 
-def lr_at(step: int, base_lr: float, max_steps: int, warmup: float, kind: str = "poly") -> float:
-    """The learning rate of update number `step` (1-based, successful updates only) of a phase."""
+def warmup_stable_decay(
+    step: int, base_lr: float, max_steps: int, warmup: float, decay: float = 0.1, shape: str = "linear"
+) -> float:
+    """WSD / trapezoidal: linear warmup over `warmup` of the steps, base_lr until the last `decay` fraction, then
+    down to 0 at max_steps: linearly, or as 1 - sqrt(x) of the decay's progress x (Hägele et al. 2024, eq. 1)."""
+    if shape not in DECAY_SHAPES:
+        raise ValueError(f"unknown decay shape {shape!r}; use one of {', '.join(DECAY_SHAPES)}")
+    warmup_steps = warmup * max_steps
+    decay_steps = decay * max_steps
+    if step < warmup_steps:
+        return base_lr * step / warmup_steps
+    decay_start = max_steps - decay_steps
+    if step <= decay_start or decay_steps <= 0:
+        return base_lr
+    x = min(1.0, (step - decay_start) / decay_steps)  # progress through the decay, (0, 1]
+    return base_lr * (1.0 - (x if shape == "linear" else x**0.5))
+
+
+SCHEDULES = {"poly": poly_warmup, "linear": linear_warmup, "wsd": warmup_stable_decay}
+
+
+def lr_at(
+    step: int,
+    base_lr: float,
+    max_steps: int,
+    warmup: float,
+    kind: str = "poly",
+    decay: float = 0.1,
+    decay_shape: str = "linear",
+) -> float:
+    """The learning rate of update number `step` (1-based, successful updates only) of a phase. `decay` and
+    `decay_shape` are the wsd schedule's (fraction of the steps in the final decay; linear or 1-sqrt)."""
     if kind not in SCHEDULES:
         raise ValueError(f"unknown schedule {kind!r}; use one of {', '.join(SCHEDULES)}")
+    if kind == "wsd":
+        return warmup_stable_decay(step, base_lr, max_steps, warmup, decay, decay_shape)
     return SCHEDULES[kind](step, base_lr, max_steps, warmup)
 
 

@@ -30,8 +30,17 @@ class PretrainDataConfig:
     """Batches each worker prepares ahead."""
 
     pack_per_row: int = 0
-    """Dynamic-masking shards: pack each micro-batch of sequences on the fly into rows of at most this many
-    sequences (0: off). Stored-mask shards are packed once with `bertforge pack` instead."""
+    """Dynamic-masking and MLM-only shards: pack each micro-batch of sequences on the fly into rows of at most
+    this many sequences (0: off). Stored-mask shards are packed once with `bertforge pack` instead."""
+
+    mlm_probability: float | None = None
+    """Masking rate of shards masked in the loader (dynamic, MLM-only): the fraction of each row's tokens
+    predicted, e.g. 0.15 (BERT, RoBERTa) or 0.30 (MosaicBERT, ModernBERT); None: the rate the shards were built
+    with (`data shards --masked-lm-prob`, default 0.15). Masked-LM slots widen to fit it."""
+    mask_replace_prob: float = 0.8
+    """Of the masked positions, the fraction replaced by [MASK] (BERT's 80/10/10: 0.8)."""
+    random_replace_prob: float = 0.1
+    """Of the masked positions, the fraction replaced by a random token (0.1); the rest keep their token."""
 
     synthetic_seq_len: int = 128
     """data.input_dir: synthetic only: sequence length of the generated rows (128 phase 1, 512 phase 2)."""
@@ -51,6 +60,11 @@ class PretrainDataConfig:
     [SEP], [MASK] from 1000 up; [PAD] [UNK] [CLS] [SEP] [MASK] = 0..4 below)."""
 
     @property
+    def mask_split(self) -> tuple[float, float]:
+        """(P([MASK]), P(random token)) of a masked position, as the loader takes it."""
+        return (self.mask_replace_prob, self.random_replace_prob)
+
+    @property
     def synthetic(self) -> bool:
         """True when batches are generated on the fly (`data.input_dir: synthetic`) instead of read."""
         return self.input_dir == "synthetic"
@@ -62,6 +76,7 @@ class PretrainDataConfig:
             raise ConfigError("data.eval_batches must be >= 0 and data.chunk_rows >= 1")
         if self.prefetch < 1:
             raise ConfigError(f"data.prefetch must be >= 1, got {self.prefetch}")
+        from bertforge.data.instances import REPLACE_SPLIT, check_replace_split
         from bertforge.data.synthetic import check_params
 
         check_params(
@@ -72,6 +87,17 @@ class PretrainDataConfig:
             self.synthetic_pack,
             self.synthetic_pack_algorithm,
         )
+        if self.mlm_probability is not None and not 0.0 < self.mlm_probability < 1.0:
+            raise ConfigError(f"data.mlm_probability must be in (0, 1) (or null), got {self.mlm_probability}")
+        try:
+            check_replace_split(self.mask_split)
+        except ValueError as e:
+            raise ConfigError(f"data.mask_replace_prob / data.random_replace_prob: {e}") from None
+        if self.synthetic and (self.mlm_probability is not None or self.mask_split != REPLACE_SPLIT):
+            raise ConfigError(
+                "data.mlm_probability and the replacement split apply to shards masked in the loader; "
+                "data.input_dir: synthetic draws its own masks, so leave them unset"
+            )
         if self.synthetic and self.pack_per_row:
             raise ConfigError(
                 "data.pack_per_row packs dynamic-masking shards; with data.input_dir: synthetic "
@@ -79,9 +105,19 @@ class PretrainDataConfig:
             )
 
 
+OBJECTIVE_TASKS = {"mlm_nsp": "pretraining", "mlm": "mlm"}
+"""train.objective -> the model task (`bertforge.model.heads.TASK_HEADS`) whose head and loss it trains."""
+
+
 @dataclasses.dataclass
 class PretrainTrainConfig(TrainConfig):
-    """The pre-training run: the shared `train` keys plus checkpoints, time-limited jobs and phases."""
+    """The pre-training run: the shared `train` keys plus the objective, checkpoints, time-limited jobs and
+    phases."""
+
+    objective: str = "mlm_nsp"
+    """mlm_nsp: masked LM + next-sentence prediction on sentence pairs (BERT); mlm: masked LM only on MLM-only
+    shards (`bertforge data shards --objective mlm`; RoBERTa, MosaicBERT, ModernBERT): no NSP head or loss.
+    Must match the shards' kind (checked at start-up)."""
 
     save_every: int = 200
     """Write a checkpoint every N optimizer steps (and at the end); 0: never (benchmarks and smoke tests)."""
@@ -94,8 +130,15 @@ class PretrainTrainConfig(TrainConfig):
     """Phase 2: a phase-1 checkpoint (step_N dir or its run dir) whose weights and optimizer moments start this
     phase, with the step reset and this config's schedule. A --resume in this phase's output_dir wins over it."""
 
+    @property
+    def task(self) -> str:
+        """The model task this objective trains: "pretraining" (MLM + NSP heads) or "mlm"."""
+        return OBJECTIVE_TASKS[self.objective]
+
     def validate(self) -> None:
         super().validate()
+        if self.objective not in OBJECTIVE_TASKS:
+            raise ConfigError(f"train.objective must be {' or '.join(OBJECTIVE_TASKS)}, not {self.objective!r}")
         if self.save_every < 0:
             raise ConfigError(f"train.save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
         for name in ("max_steps", "keep_last"):

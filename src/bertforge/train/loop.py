@@ -34,7 +34,7 @@ import torch
 
 from bertforge import device as dev
 from bertforge.data import synthetic
-from bertforge.data.loader import PretrainLoader, eval_batches
+from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides
 from bertforge.data.shardset import ShardSet
 from bertforge.errors import UserError
 from bertforge.optim.lamb import build_optimizer
@@ -101,13 +101,17 @@ def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int, Pa
 
 def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
     """The training shards, read once (None for the synthetic source), and the eval shards checked against
-    them now — a missing or mismatched eval directory fails at start-up, not at the first evaluation."""
+    them now — a missing or mismatched eval directory, shards of the other objective or masking settings the
+    shards cannot take fail at start-up, not at the first step or evaluation."""
     d = cfg.data
     shards = None if d.synthetic else ShardSet.open(d.input_dir)
-    if d.eval_dir:
-        held_out = ShardSet.open(d.eval_dir)
-        if shards is not None:
-            shards.check_compatible(held_out)
+    held_out = ShardSet.open(d.eval_dir) if d.eval_dir else None
+    for s in (shards, held_out):
+        if s is not None:
+            s.check_objective(cfg.train.objective)
+            masking_overrides(s, d.mlm_probability, d.mask_split)
+    if shards is not None and held_out is not None:
+        shards.check_compatible(held_out)
     return shards
 
 
@@ -128,6 +132,8 @@ def build_loader(cfg: PretrainConfig, shards: ShardSet | None, info: ddp.DistInf
         d.chunk_rows,
         vocab_size=vocab_size,
         pack_per_row=d.pack_per_row,
+        mlm_probability=d.mlm_probability,
+        mask_split=d.mask_split,
     )
 
 
@@ -177,31 +183,43 @@ def evaluate(
     info: ddp.DistInfo,
     vocab_size: int,
     seed: int,
+    masking: dict[str, Any] | None = None,
 ) -> dict[str, float]:
-    """MLM and NSP accuracy (and loss) on held-out shards, summed over ranks."""
+    """MLM and NSP accuracy (and loss) on held-out shards, summed over ranks; no NSP accuracy for an MLM-only
+    model. `masking`: eval_batches' mlm_probability and mask_split (the training run's)."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(6, dtype=torch.float64, device=device)  # loss·n, n, mlm ok, mlm n, nsp ok, nsp n
     for batch in eval_batches(
-        directory, batch_size, info.rank, info.world_size, max_batches or None, vocab_size=vocab_size, seed=seed
+        directory,
+        batch_size,
+        info.rank,
+        info.world_size,
+        max_batches or None,
+        vocab_size=vocab_size,
+        seed=seed,
+        **(masking or {}),
     ):
         batch = to_device(batch, device)
         with dev.autocast(device, precision):
             out = model(**batch)
-        sums += torch.stack(
-            [
-                out.loss.double(),
-                torch.ones((), dtype=torch.float64, device=device),
-                out.mlm_correct.double(),
-                out.mlm_count.double(),
-                out.nsp_correct.double(),
-                out.nsp_count.double(),
-            ]
-        )
+        one = torch.ones((), dtype=torch.float64, device=device)
+        sums += torch.stack([out.loss.double(), one, *_scores(out, device)])
     ddp.all_reduce_sum(sums)
     model.train(was_training)
     s = sums.tolist()
-    return {"eval_loss": s[0] / max(s[1], 1), "eval_mlm_acc": s[2] / max(s[3], 1), "eval_nsp_acc": s[4] / max(s[5], 1)}
+    metrics = {"eval_loss": s[0] / max(s[1], 1), "eval_mlm_acc": s[2] / max(s[3], 1)}
+    if s[5]:
+        metrics["eval_nsp_acc"] = s[4] / s[5]
+    return metrics
+
+
+def _scores(out, device: torch.device) -> list[torch.Tensor]:
+    """[mlm correct, mlm count, nsp correct, nsp count] of a model output as float64; NSP 0 when the model has
+    no NSP head (train.objective mlm)."""
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    vals = (out.mlm_correct, out.mlm_count, out.nsp_correct, out.nsp_count)
+    return [zero if v is None else v.double() for v in vals]
 
 
 # ---------------------------------------------------------------------------------------------- set-up
@@ -292,11 +310,11 @@ def build_model_for(cfg: PretrainConfig, bert_cfg) -> tuple[torch.nn.Module, Any
     if cfg.model.init_from:
         from bertforge.model.hf_interop import load_pretrained
 
-        model, bert_cfg = load_pretrained(cfg.model.init_from, "pretraining", attention=cfg.train.attention)
+        model, bert_cfg = load_pretrained(cfg.model.init_from, cfg.train.task, attention=cfg.train.attention)
     else:
         from bertforge.model import build_model
 
-        model = build_model(bert_cfg, "pretraining", attention=cfg.train.attention)
+        model = build_model(bert_cfg, cfg.train.task, attention=cfg.train.attention)
     if cfg.train.activation_checkpointing:
         apply_activation_checkpointing(model)
     return model, bert_cfg
@@ -513,7 +531,7 @@ def save(run: Run) -> ckpt.Checkpoint | None:
         saved = ckpt.save_checkpoint(
             run.ckpt_root,
             state.phase_offset + state.step,
-            model_writer(run.model, run.bert_cfg, "pretraining", run.vocab_file),
+            model_writer(run.model, run.bert_cfg, run.cfg.train.task, run.vocab_file),
             {
                 "optimizer": step.optimizer.state_dict(),
                 "scaler": step.scaler.state_dict(),
@@ -550,6 +568,7 @@ def evaluate_run(run: Run) -> dict[str, float]:
         run.info,
         run.vocab_size,
         t.seed,
+        {"mlm_probability": d.mlm_probability, "mask_split": d.mask_split},
     )
 
 
@@ -571,7 +590,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
     run.step.model.train()
     stop_at = min(t.max_steps, t.stop_after_steps) if t.stop_after_steps > 0 else t.max_steps
     while state.step < stop_at:
-        lr = lr_at(state.step + 1, o.lr, t.max_steps, o.warmup, o.schedule)
+        lr = lr_at(state.step + 1, o.lr, t.max_steps, o.warmup, o.schedule, o.decay, o.decay_shape)
         set_lr(run.step.optimizer, lr)
         result = train_step(run.step, window.timed(batches, run.loader.accum), run.loader.accum, window.add)
         state.batches += 1
@@ -626,7 +645,7 @@ def _profiler(run: Run, steps: int) -> StepProfiler | None:
 
 def _log_window(run: Run, window: _Window, lr: float) -> None:
     metrics = window.flush(run.info, run.cfg.train.global_batch_size, lr, run.state)
-    metrics["mfu"] = _mfu(run.bert_cfg, metrics, run.device, run.precision, run.info)
+    metrics["mfu"] = _mfu(run.bert_cfg, metrics, run.device, run.precision, run.info, run.cfg.train.task)
     if run.device.type != "cpu":
         metrics["peak_mem_gb"] = dev.max_memory_allocated(run.device) / 2**30
     if run.power is not None:  # watts, joules, joules_per_seq, SM clock, temperature (NVIDIA GPUs)
@@ -748,17 +767,12 @@ class _Window:
     @torch.no_grad()
     def add(self, out, batch: dict[str, torch.Tensor]) -> None:
         mask = batch["attention_mask"]
-        nsp = batch["nsp_labels"]
-        seqs = (nsp >= 0).sum() if nsp.dim() == 2 else torch.tensor(nsp.shape[0], device=mask.device)
         self.sums += torch.stack(
             [
                 out.loss.detach().double(),
                 torch.ones((), dtype=torch.float64, device=self.device),
-                out.mlm_correct.double(),
-                out.mlm_count.double(),
-                out.nsp_correct.double(),
-                out.nsp_count.double(),
-                seqs.double(),
+                *_scores(out, self.device),
+                _sequences(batch).double(),
                 (mask != 0).sum().double(),
                 torch.tensor(float(mask.shape[0]), device=self.device, dtype=torch.float64),
             ]
@@ -781,7 +795,7 @@ class _Window:
         metrics = {
             "loss": s[0] / max(s[1], 1),
             "mlm_acc": s[2] / max(s[3], 1),
-            "nsp_acc": s[4] / max(s[5], 1),
+            **({"nsp_acc": s[4] / s[5]} if s[5] else {}),  # none without an NSP head (train.objective mlm)
             "lr": lr,
             "grad_norm": s[9] / info.world_size / max(self.updates, 1),
             "window_s": elapsed,
@@ -798,14 +812,27 @@ class _Window:
         return metrics
 
 
-def _mfu(bert_cfg, metrics: dict[str, float], device: torch.device, precision: str, info: ddp.DistInfo) -> float:
+def _sequences(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Sequences in a micro-batch (0-dim): packed rows' filled NSP slots, or where positions restart at a real
+    token (MLM-only packed rows have no NSP slots), else one per row."""
+    nsp = batch.get("nsp_labels")
+    if nsp is not None and nsp.dim() == 2:
+        return (nsp >= 0).sum()
+    if nsp is None and "position_ids" in batch:
+        return ((batch["position_ids"] == 0) & (batch["attention_mask"] != 0)).sum()
+    return torch.tensor(batch["attention_mask"].shape[0], device=batch["attention_mask"].device)
+
+
+def _mfu(
+    bert_cfg, metrics: dict[str, float], device: torch.device, precision: str, info: ddp.DistInfo, task: str
+) -> float:
     """Model FLOPs utilisation over real tokens: the training FLOPs of sequences of the window's mean real length
     and masked count (no credit for padding) x sequences/s, over the measured matmul peak of every rank."""
     from bertforge.model.flops import flops_per_sequence
 
     seqs = max(metrics["seq_per_s"], 1e-9)
     flops = flops_per_sequence(
-        bert_cfg, metrics["tokens_per_s"] / seqs, metrics["masked_per_seq"], task="pretraining", training=True
+        bert_cfg, metrics["tokens_per_s"] / seqs, metrics["masked_per_seq"], task=task, training=True
     )
     return flops * metrics["seq_per_s"] / (dev.peak_flops(device, precision) * info.world_size)
 
