@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from bertforge.runtime.io import atomic_path, write_text
+from bertforge.runtime.io import atomic_path, raise_if_disk_full, write_text
 from bertforge.runtime.progress import format_duration
 
 # console formatting per key: (label, format function); unknown keys print as `key value`
@@ -83,6 +83,16 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _append(fh, line: str) -> None:
+    """One record, flushed; a full disk is one line naming the file (the rows before it stay readable)."""
+    try:
+        fh.write(line)
+        fh.flush()
+    except OSError as e:
+        raise_if_disk_full(e, fh.name)
+        raise
+
+
 class TextSink(Protocol):
     """What the console line needs of a stream (`print(..., file=stream, flush=True)`): a text file such as
     sys.stdout, or a forwarder to a log function."""
@@ -139,8 +149,7 @@ class MetricsLogger:
             "step": step,
             "data": data,
         }
-        self._dll.write("DLLL " + json.dumps(rec) + "\n")
-        self._dll.flush()
+        _append(self._dll, "DLLL " + json.dumps(rec) + "\n")
 
     def params(self, params: dict[str, Any]) -> None:
         """The run's configuration, once (dllogger PARAMETER record)."""
@@ -166,8 +175,7 @@ class MetricsLogger:
             eta = (now - t_first) / (step - done) * (self.total_steps - step)
         self.print(format_line(step, metrics, self.total_steps, eta))
         rec = {"step": step, **metrics, "elapsed_s": round(now - self.t0, 3)}
-        self._jsonl.write(json.dumps(rec) + "\n")
-        self._jsonl.flush()
+        _append(self._jsonl, json.dumps(rec) + "\n")
         self._dllogger(step, metrics)
         if self._tb is not None:
             for k, v in metrics.items():

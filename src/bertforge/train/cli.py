@@ -74,13 +74,14 @@ def pretrain_run(args: argparse.Namespace) -> int:
 
     from bertforge.runtime import distributed
     from bertforge.runtime.preempt import Preempted
-    from bertforge.train.loop import check_output_dir, run_pretrain
+    from bertforge.train.loop import check_output_dir, remove_unstarted, run_pretrain
 
     if args.allow_changed and not args.resume:
         raise UserError("--allow-changed only applies with --resume (it accepts a changed config on resuming)")
     info = distributed.env_info()
     # before config.yaml is rewritten: an earlier run's directory is refused untouched
     check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, info.is_main)
+    fresh = not Path(cfg.train.output_dir).exists()
     if info.is_main:
         Path(cfg.train.output_dir).mkdir(parents=True, exist_ok=True)
         save_config(cfg, Path(cfg.train.output_dir) / "config.yaml")
@@ -97,6 +98,10 @@ def pretrain_run(args: argparse.Namespace) -> int:
         if info.is_main:
             print(f"bertforge pretrain: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    except Exception:
+        if fresh and info.is_main:
+            remove_unstarted(cfg.train.output_dir)
+        raise
     finally:
         distributed.cleanup()
     if info.is_main:

@@ -227,17 +227,27 @@ def _scores(out, device: torch.device) -> list[torch.Tensor]:
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "metrics.png", "tensorboard", "profile")
 
 
+def holds_run(out: Path) -> bool:
+    """Whether `out` holds a run that got anywhere: a checkpoint or a logged step."""
+    metrics = out / "metrics.jsonl"
+    return ckpt.latest_checkpoint(out / "checkpoints") is not None or (metrics.is_file() and metrics.stat().st_size > 0)
+
+
+def remove_unstarted(output_dir: str | Path) -> None:
+    """After a run that failed before its first logged step in an output_dir it created: remove the directory
+    (config.yaml and empty logs), so a failed start leaves nothing behind and the re-run is not refused."""
+    out = Path(output_dir)
+    if out.is_dir() and not holds_run(out):
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool, is_main: bool = True) -> None:
     """Refuse an output_dir holding an earlier run unless `resume` or `overwrite`; `overwrite` deletes that
     run's outputs (rank 0), so nothing of it is mistaken for this run's."""
     out = Path(output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in train.output_dir, --overwrite deletes it: pass one of them")
-    metrics = out / "metrics.jsonl"
-    earlier = ckpt.latest_checkpoint(out / "checkpoints") is not None or (
-        metrics.is_file() and metrics.stat().st_size > 0
-    )
-    if not earlier or resume:
+    if not holds_run(out) or resume:
         return
     if not overwrite:
         raise UserError(
