@@ -71,17 +71,16 @@ def resolve_attention(name: str) -> str:
 
 def block_mask(attention_mask: torch.Tensor, half_window: int | None = None) -> torch.Tensor:
     """(B, T) sequence index (0 = padding) -> (B, 1, T, T) bool, True where query t may attend to key s.
-    `half_window`: real queries see only keys within that distance (ModernBERT's local layers); padding
-    queries keep every real key of the row, so no softmax row is empty."""
+    `half_window`: only keys within that distance (ModernBERT's local layers), padding queries included, as
+    Hugging Face's sliding-window mask. A query left with no key attends everywhere (HF: a fully masked row
+    softmaxes to uniform), which also keeps every softmax row non-empty."""
     q = attention_mask[:, :, None]  # (B, T, 1)
     k = attention_mask[:, None, :]  # (B, 1, T)
-    real_k = k != 0
-    allowed = real_k & ((q == k) | (q == 0))  # (B, T, T): own sequence; padding queries see all real keys
+    allowed = (k != 0) & ((q == k) | (q == 0))  # (B, T, T): own sequence; padding queries see all real keys
     if half_window is not None:
         idx = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-        near = (idx[:, None] - idx[None, :]).abs() <= half_window  # (T, T): |i - j| <= window / 2 (HF)
-        allowed = allowed & (near | (q == 0))
-    empty_row = ~real_k.any(dim=-1, keepdim=True)  # (B, 1, 1): a row of padding only attends everywhere
+        allowed = allowed & ((idx[:, None] - idx[None, :]).abs() <= half_window)  # |i - j| <= window / 2
+    empty_row = ~allowed.any(dim=-1, keepdim=True)  # (B, T, 1)
     return (allowed | empty_row)[:, None]  # (B, 1, T, T)
 
 

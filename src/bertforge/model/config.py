@@ -27,14 +27,14 @@ class ModelSize:
 
 
 # ModernBERT's published config.json values (answerdotai/ModernBERT-base and -large): the GPT-NeoX-based BPE
-# vocab of 50,368 (a multiple of 64), 8,192 positions, LayerNorm eps 1e-5 and no dropout.
+# vocab of 50,368 (a multiple of 64), 8,192 positions, LayerNorm eps 1e-5 and no dropout. The padding id
+# (50283 in the published tokenizer) belongs to the vocab a run trains with, so the preset leaves it at 0.
 _MODERN = (
     ("vocab_size", 50368),
     ("max_position_embeddings", 8192),
     ("layer_norm_eps", 1e-5),
     ("hidden_dropout_prob", 0.0),
     ("attention_probs_dropout_prob", 0.0),
-    ("pad_token_id", 50283),
 )
 
 
@@ -145,6 +145,8 @@ class BertConfig:
                 f"global_attn_every_n_layers >= 1 (got {self.head_dim}, {self.local_attention}, "
                 f"{self.global_attn_every_n_layers})"
             )
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ConfigError(f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}")
         if self.classifier_pooling not in ("cls", "mean"):
             raise ConfigError(f"classifier_pooling must be cls or mean, not {self.classifier_pooling!r}")
 

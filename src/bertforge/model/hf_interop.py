@@ -73,6 +73,7 @@ NAME_MAP: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("bert.final_norm.", "model.final_norm.", None),
         ("cls.predictions.transform.dense.", "head.dense.", ("mlm",)),
         ("cls.predictions.transform.LayerNorm.", "head.norm.", ("mlm",)),
+        ("cls.predictions.bias", "decoder.bias", ("mlm",)),  # saving only: loading takes it as the tied decoder's
         ("qa_outputs.head.dense.", "head.dense.", ("qa",)),
         ("qa_outputs.head.LayerNorm.", "head.norm.", ("qa",)),
         ("qa_outputs.", "classifier.", ("qa",)),
@@ -135,7 +136,7 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConf
         kw.setdefault("pad_token_id", 1)
         kw.setdefault("layer_norm_eps", 1e-5)
     if model_type == "modernbert":  # HF ModernBertConfig's defaults where config.json leaves a field out
-        kw = {**dict(MODEL_PRESETS["modernbert-base"].defaults), "intermediate_size": 1152, **kw}
+        kw = {**dict(MODEL_PRESETS["modernbert-base"].defaults), "intermediate_size": 1152, "pad_token_id": 50283, **kw}
     try:
         return BertConfig(**kw)
     except ConfigError as e:
