@@ -320,3 +320,28 @@ def test_training_step_learns_with_activation_checkpointing():
     step = TrainStep.build(model, opt, torch.device("cpu"), "fp32")
     losses = [float(train_step(step, [data], 1).loss) for _ in range(20)]
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_pretrain_presets_build_the_phase_configs():
+    """configs/pretrain/modernbert_*: phase 1 trains with global rotary base 10,000, phase 2 with 160,000."""
+    from bertforge.config import load_config
+    from bertforge.train.loop import build_bert_config
+
+    for size in ("tiny", "base", "large"):
+        for ctx, theta in ((1024, 10000.0), (8192, 160000.0)):
+            cfg = load_config("pretrain", f"modernbert_{size}_{ctx}")
+            config = build_bert_config(cfg, 50368)
+            assert config.modern and config.global_rope_theta == theta and config.local_rope_theta == 10000.0
+            assert config.hidden_dropout_prob == 0.0 and cfg.optim.name == "adamw"
+    with pytest.raises(ConfigError, match="global_rope_theta"):
+        load_config("pretrain", "demo_tiny_128", ["model.global_rope_theta=1e4"])
+
+
+def test_flops_count_geglu_and_the_window():
+    from bertforge.model.flops import encoder_flops
+
+    c = BertConfig.from_preset("modernbert-tiny", vocab_size=V)  # H 128, I 256, 4 layers, window 128
+    T, H, I = 1024, 128, 256
+    proj = 2 * T * H * 3 * H + 2 * T * H * H + 6 * T * H * I
+    assert encoder_flops(c, T) == 4 * proj + 2 * (4 * T * T * H) + 2 * (4 * T * 129 * H)
+    assert encoder_flops(BertConfig(), 128) == 12 * (2 * 128 * 768 * 3 * 768 + 4 * 128 * 128 * 768 + 2 * 128 * 768**2 + 4 * 128 * 768 * 3072)
