@@ -345,3 +345,35 @@ def test_flops_count_geglu_and_the_window():
     proj = 2 * T * H * 3 * H + 2 * T * H * H + 6 * T * H * I
     assert encoder_flops(c, T) == 4 * proj + 2 * (4 * T * T * H) + 2 * (4 * T * 129 * H)
     assert encoder_flops(BertConfig(), 128) == 12 * (2 * 128 * 768 * 3 * 768 + 4 * 128 * 128 * 768 + 2 * 128 * 768**2 + 4 * 128 * 768 * 3072)
+
+
+def test_norms_get_no_weight_decay():
+    from bertforge.optim.lamb import param_groups
+
+    model = build_model(BertConfig.from_preset("modernbert-tiny", vocab_size=V), "mlm")
+    decay, skip = param_groups(model, 0.01)
+    names = dict(model.named_parameters())
+    skipped = {n for n, p in names.items() if any(p is q for q in skip["params"])}
+    assert skipped == {n for n in names if "norm" in n.lower() or n.endswith("bias")}
+    assert "bert.encoder.layer.1.attn_norm.weight" in skipped and "bert.final_norm.weight" in skipped
+    assert decay["weight_decay"] == 0.01 and skip["weight_decay"] == 0.0
+
+
+def test_training_head_projects_only_the_real_slots():
+    """Training on CPU in eager mode: the empty slots never reach the vocabulary projection; same loss, counts
+    and gradients as the full (B*P) slot layout of eval mode."""
+    model = build_model(BertConfig.from_preset("modernbert-tiny", vocab_size=V), "mlm")  # no dropout
+    ids, mask = batch(24)
+    positions = torch.tensor([[1, 3, 17, 0], [2, 5, 0, 0], [4, 0, 0, 0]])
+    kw = {"masked_positions": positions, "masked_labels": torch.randint(0, V, positions.shape)}
+    outs = {}
+    for mode in ("train", "eval"):
+        getattr(model, mode)()
+        outs[mode] = out = model(ids, mask, **kw)
+        out.loss.backward()
+        outs[mode + "_grad"] = model.bert.embeddings.tok_embeddings.weight.grad.clone()
+        model.zero_grad()
+    assert outs["train"].mlm_logits.shape == (6, V) and outs["eval"].mlm_logits.shape == (12, V)
+    torch.testing.assert_close(outs["train"].loss, outs["eval"].loss)
+    assert int(outs["train"].mlm_correct) == int(outs["eval"].mlm_correct) and int(outs["train"].mlm_count) == 6
+    torch.testing.assert_close(outs["train_grad"], outs["eval_grad"])

@@ -1,5 +1,5 @@
-"""Hugging Face checkpoint interop (DESIGN §3.7): load BERT / RoBERTa directories, save directories that
-`transformers`' Auto classes load with identical outputs.
+"""Hugging Face checkpoint interop (DESIGN §3.7): load BERT / RoBERTa / ModernBERT directories, save directories
+that `transformers`' Auto classes load with identical outputs.
 
 One declarative name map (`NAME_MAP`): per model type, (our prefix, Hugging Face prefix, tasks) rows. Inside
 encoder layers the only renaming is the fused QKV projection (`attention.qkv` <-> `attention.self.{query,key,
@@ -17,6 +17,12 @@ DeepLearningExamples / Habana checkpoints (`{"model": state_dict}` in a `.pt`/`.
 or `model.`, TF-era `gamma`/`beta` LayerNorm names, the vocab padded to a multiple of 8: 30522 -> 30528, in
 which case the model keeps the padded rows), and encoder-only checkpoints without the `bert.` prefix
 (`BertModel`, e.g. sentence-transformers' all-MiniLM-L6-v2).
+
+ModernBERT (`ModernBertModel`, `...ForMaskedLM`, `...ForSequenceClassification`, `...ForQuestionAnswering`,
+`...ForTokenClassification`): our encoder modules carry its names, so its rows are prefix renames
+(`model.` <-> `bert.`); its config.json spells some fields differently (`MODERN_RENAMES`) and gives the layer
+pattern and rotary bases as `layer_types` / `rope_parameters` (older files: `global_attn_every_n_layers`,
+`global_rope_theta`, `local_rope_theta`; both are read and both are written).
 """
 
 from __future__ import annotations
@@ -174,6 +180,8 @@ def config_to_hf(config: BertConfig, task: str, num_labels: int) -> dict[str, An
         "tie_word_embeddings": True,
     }
     if config.model_type == "modernbert":
+        for key in (*MODERN_RENAMES, "type_vocab_size"):  # written under ModernBertConfig's names, or unused
+            out.pop(key)
         out.update(_modern_to_hf(config))
     else:
         out["position_embedding_type"] = "absolute"
