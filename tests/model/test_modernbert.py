@@ -377,3 +377,16 @@ def test_training_head_projects_only_the_real_slots():
     torch.testing.assert_close(outs["train"].loss, outs["eval"].loss)
     assert int(outs["train"].mlm_correct) == int(outs["eval"].mlm_correct) and int(outs["train"].mlm_count) == 6
     torch.testing.assert_close(outs["train_grad"], outs["eval_grad"])
+
+
+@pytest.mark.parametrize("task", ["mlm", "qa"])
+def test_onnx_export(tmp_path, task):
+    """ONNX export of a ModernBERT directory (17-token rows, window 8: the local mask is traced) agrees with
+    PyTorch."""
+    pytest.importorskip("onnxruntime")
+    from bertforge.serve.export import export_onnx
+
+    config = BertConfig.from_preset("modernbert-tiny", vocab_size=V, local_attention=8)
+    save_pretrained(build_model(config, task), config, tmp_path / "m", task)
+    result = export_onnx(tmp_path / "m", tmp_path / "onnx")
+    assert result["head"] == task and result["max_abs_diff"] < 1e-4
