@@ -272,7 +272,9 @@ def test_presets_have_the_published_shapes():
     """Parameter counts equal transformers' ModernBERT with the published base/large shapes (built on meta)."""
     shapes = {
         "modernbert-base": {},  # ModernBertConfig's defaults are ModernBERT-base's
-        "modernbert-large": dict(num_hidden_layers=28, hidden_size=1024, intermediate_size=2624, num_attention_heads=16),
+        "modernbert-large": dict(
+            num_hidden_layers=28, hidden_size=1024, intermediate_size=2624, num_attention_heads=16
+        ),
     }
     for preset, kw in shapes.items():
         config = BertConfig.from_preset(preset)
@@ -344,7 +346,9 @@ def test_flops_count_geglu_and_the_window():
     T, H, I = 1024, 128, 256
     proj = 2 * T * H * 3 * H + 2 * T * H * H + 6 * T * H * I
     assert encoder_flops(c, T) == 4 * proj + 2 * (4 * T * T * H) + 2 * (4 * T * 129 * H)
-    assert encoder_flops(BertConfig(), 128) == 12 * (2 * 128 * 768 * 3 * 768 + 4 * 128 * 128 * 768 + 2 * 128 * 768**2 + 4 * 128 * 768 * 3072)
+    assert encoder_flops(BertConfig(), 128) == 12 * (
+        2 * 128 * 768 * 3 * 768 + 4 * 128 * 128 * 768 + 2 * 128 * 768**2 + 4 * 128 * 768 * 3072
+    )
 
 
 def test_norms_get_no_weight_decay():

@@ -50,7 +50,10 @@ def hf_config(config: Any, sparse_prediction: bool = False):
         from bertforge.model.hf_interop import config_to_hf
 
         raw = config_to_hf(config, "mlm", 2)
-        return transformers.ModernBertConfig(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type")}, sparse_prediction=sparse_prediction)
+        return transformers.ModernBertConfig(
+            **{k: v for k, v in raw.items() if k not in ("architectures", "model_type")},
+            sparse_prediction=sparse_prediction,
+        )
     return transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
 
 

@@ -31,7 +31,7 @@ from bertforge.errors import ConfigError
 from bertforge.model import attention as attn
 from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.config import BertConfig
-from bertforge.model.dropout import Dropout, fast_dropout_usable
+from bertforge.model.dropout import Dropout
 from bertforge.model.heads import TASK_HEADS, ModelOutput
 
 

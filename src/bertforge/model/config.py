@@ -50,7 +50,9 @@ MODEL_PRESETS: dict[str, ModelSize] = {
     # Warner et al. 2024, Table 8 / the published config.json: base 22 x 768 (GeGLU width 1152, 12 heads),
     # large 28 x 1024 (2624, 16 heads). The tiny one (head size 64 as base; 4 layers = global, local, local,
     # global) is for tests and the demo.
-    "modernbert-tiny": ModelSize(layers=4, hidden=128, heads=2, intermediate=256, model_type="modernbert", defaults=_MODERN),
+    "modernbert-tiny": ModelSize(
+        layers=4, hidden=128, heads=2, intermediate=256, model_type="modernbert", defaults=_MODERN
+    ),
     "modernbert-base": ModelSize(
         layers=22, hidden=768, heads=12, intermediate=1152, model_type="modernbert", defaults=_MODERN
     ),
