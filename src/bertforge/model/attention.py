@@ -208,6 +208,8 @@ def attend(
         q, k = rotate(q, *rope), rotate(k, *rope)
     if meta is not None:
         return varlen(q, k, v, meta, dropout_p, half_window).reshape(lead[0], -1)  # (N, H)
+    if mask is None:
+        raise ValueError("padded attention needs the (B, 1, T, T) mask (only the flash path runs without one)")
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, D)
     if impl == "eager":
         fn = eager

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -277,7 +278,8 @@ class BertEncoderModel(nn.Module):
             # tokens; attention runs in the varlen flash kernel, or else padded with SDPA and the block mask
             meta = attn.varlen_meta(attention_mask, lengths=flash)
             if flash and ropes is not None:  # the kernel sees unpadded q/k: tables (N, 1, D)
-                ropes = {k: tuple(_unpad(t.expand(B, T, *t.shape[2:]), meta) for t in v) for k, v in ropes.items()}
+                full = (B, T, 1, self.config.head_dim)
+                ropes = {k: (_unpad(c.expand(full), meta), _unpad(s.expand(full), meta)) for k, (c, s) in ropes.items()}
             flat = self._finish(self.encoder(_unpad(h, meta), masks, meta, ropes))  # (N, H)
             out = flat.new_zeros(B * T, flat.shape[-1]).index_copy(0, meta.indices, flat)
             return out.view(B, T, -1)  # (B, T, H), zeros at padding
@@ -412,7 +414,7 @@ class BertForTask(nn.Module):
         }
         # the encoder's pieces a head shares: they keep their one name here and are passed, not registered twice
         shared = {
-            "decoder_weight": self.bert.embeddings.tokens.weight,  # (V, H), the tied MLM decoder
+            "decoder_weight": cast(nn.Embedding, self.bert.embeddings.tokens).weight,  # (V, H), the tied decoder
             "pooler": self.bert.pooler,
         }
         out = self.head(seq, batch, **{k: shared[k] for k in TASK_HEADS[self.task].inputs})
