@@ -47,7 +47,8 @@ class ModelConfig:
     compile and activation checkpointing are in the `train` section)."""
 
     preset: str = "tiny"
-    """Size preset: tiny, mini, small, medium, base or large (see MODEL_PRESETS)."""
+    """Size preset: BERT's tiny, mini, small, medium, base or large, or modernbert-tiny, -base or -large
+    (see MODEL_PRESETS)."""
     init_from: str | None = None
     """Hugging Face-format model directory to initialise the weights from (None: random init)."""
     vocab_size: int | None = None
@@ -58,6 +59,9 @@ class ModelConfig:
     """Dropout on embeddings and sub-layer outputs (None: the checkpoint's own rate, when loading one)."""
     attention_dropout: float | None = 0.1
     """Dropout on attention probabilities (None: the checkpoint's own rate, when loading one)."""
+    global_rope_theta: float | None = None
+    """ModernBERT presets: rotary base of the global layers (None: the preset's 160,000; ModernBERT trained its
+    1,024-token phase with 10,000 and raised it to 160,000 for the 8,192-token phase)."""
 
     def validate(self) -> None:
         from bertforge.model.config import MODEL_PRESETS
@@ -71,6 +75,8 @@ class ModelConfig:
             rate = getattr(self, name)
             if rate is not None and not 0.0 <= rate < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {rate}")
+        if self.global_rope_theta is not None and MODEL_PRESETS[self.preset].model_type != "modernbert":
+            raise ConfigError(f"model.global_rope_theta applies to the modernbert-* presets, not {self.preset!r}")
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"model.vocab_size must be at least 8, got {self.vocab_size}")
 

@@ -52,3 +52,21 @@ def test_varlen_path_is_taken_and_matches_padded_sdpa(cuda):
     torch.testing.assert_close(b.loss, a.loss, atol=3e-2, rtol=3e-2)
     b.loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in varlen.parameters() if p.grad is not None)
+
+
+def test_modernbert_sliding_window_in_the_flash_kernel(cuda):
+    """ModernBERT on the flash path: the local layers' window through the kernel's window_size, rotary tables
+    unpadded; same outputs as padded SDPA with the window in the mask, on rows longer than the window."""
+    from bertforge.model import BertConfig
+
+    config = BertConfig.from_preset("modernbert-tiny", vocab_size=97, local_attention=16)
+    torch.manual_seed(0)
+    varlen = build_model(config, "mlm", attention="varlen").to(cuda).eval()
+    sdpa = build_model(config, "mlm", attention="sdpa").to(cuda).eval()
+    sdpa.load_state_dict(varlen.state_dict())
+    ids = torch.randint(3, 97, (3, 64), device=cuda)
+    mask = (torch.arange(64, device=cuda)[None] < torch.tensor([64, 40, 9], device=cuda)[:, None]).long()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        a, b = sdpa(ids, mask).last_hidden_state.float(), varlen(ids, mask).last_hidden_state.float()
+    real = mask.bool()
+    torch.testing.assert_close(b[real], a[real], atol=3e-2, rtol=3e-2)

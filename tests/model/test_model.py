@@ -284,7 +284,7 @@ def test_flash_varlen_plumbing_with_a_reference_kernel(monkeypatch):
 
     calls = []
 
-    def reference_varlen(q, k, v, meta, dropout_p):  # (N, nh, D) each
+    def reference_varlen(q, k, v, meta, dropout_p, half_window=None):  # (N, nh, D) each
         calls.append(q.shape[0])
         out = torch.empty_like(q)
         cu = meta.cu_seqlens.tolist()

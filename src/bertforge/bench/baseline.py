@@ -1,6 +1,8 @@
 """The Hugging Face baseline, built in one place for every benchmark: `transformers.BertForPreTraining` (SDPA
 attention) with dense MLM labels (-100 off the masked slots) and torch AdamW in a plain loop — the usual way to
-pre-train BERT with Hugging Face (run_mlm.py's model and optimizer without the Trainer).
+pre-train BERT with Hugging Face (run_mlm.py's model and optimizer without the Trainer). For a ModernBERT config
+it is `transformers.ModernBertForMaskedLM` (SDPA; `sparse_prediction` as given: transformers' default is off,
+the vocabulary projection then runs at every token).
 
     model, opt = hf_pretraining(config, device)
     loss = hf_step(model, opt, batch, device, precision)   # forward, backward, clip 1.0, AdamW step
@@ -14,7 +16,7 @@ import torch
 
 from bertforge import device as dev
 
-NO_DECAY = ("bias", "LayerNorm.weight")
+NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight")
 
 
 def dense_labels(b: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -29,30 +31,42 @@ def dense_labels(b: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def hf_inputs(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our batch (bertforge.data.loader names) as `BertForPreTraining`'s keyword arguments."""
-    return {
+    """Our batch (bertforge.data.loader names) as `BertForPreTraining`'s keyword arguments (an MLM-only batch,
+    without token types and NSP labels, as `ModernBertForMaskedLM`'s)."""
+    out = {
         "input_ids": b["input_ids"],
-        "token_type_ids": b["token_type_ids"],
         "attention_mask": (b["attention_mask"] != 0).long(),
         "labels": dense_labels(b),
-        "next_sentence_label": b["nsp_labels"],
     }
+    if "nsp_labels" in b:
+        out.update(token_type_ids=b["token_type_ids"], next_sentence_label=b["nsp_labels"])
+    return out
 
 
-def hf_config(config: Any):
+def hf_config(config: Any, sparse_prediction: bool = False):
     import transformers
 
+    if config.model_type == "modernbert":
+        from bertforge.model.hf_interop import config_to_hf
+
+        raw = config_to_hf(config, "mlm", 2)
+        return transformers.ModernBertConfig(
+            **{k: v for k, v in raw.items() if k not in ("architectures", "model_type")},
+            sparse_prediction=sparse_prediction,
+        )
     return transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
 
 
 def hf_pretraining(
-    config: Any, device: torch.device, lr: float = 1e-4, weight_decay: float = 0.01
+    config: Any, device: torch.device, lr: float = 1e-4, weight_decay: float = 0.01, sparse_prediction: bool = False
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """`BertForPreTraining` of our config (SDPA) on `device`, in train mode, and its AdamW (no decay on biases and
-    LayerNorm; fused on CUDA, foreach elsewhere: the kernels `bertforge.optim.build_optimizer` picks for ours)."""
+    """`BertForPreTraining` (or `ModernBertForMaskedLM`) of our config (SDPA) on `device`, in train mode, and its
+    AdamW (no decay on biases and norms; fused on CUDA, foreach elsewhere: the kernels
+    `bertforge.optim.build_optimizer` picks for ours)."""
     import transformers
 
-    model = transformers.BertForPreTraining._from_config(hf_config(config), attn_implementation="sdpa")
+    cls = transformers.ModernBertForMaskedLM if config.model_type == "modernbert" else transformers.BertForPreTraining
+    model = cls._from_config(hf_config(config, sparse_prediction), attn_implementation="sdpa")
     model.to(device).train()
     groups = [
         {

@@ -6,6 +6,10 @@ micro-batches, the same autocast and device.
   the grad scaler, global clipping and the non-finite check of the real step;
 - hf: `transformers.BertForPreTraining` (SDPA) with dense MLM labels and AdamW in a plain loop.
 
+ModernBERT presets (`modernbert-*`) train the MLM head alone (no NSP) against `transformers.ModernBertForMaskedLM`
+(`hf_sparse`: its `sparse_prediction` option, off by default in transformers), on rows of varied length (padding
+from `min_len` up, `mask_rate` of each row's real tokens masked: MLM-only batches before packing).
+
 Batches come from real shards (`data_dir`: the first rows of a seeded loader, the same for both sides) or, without
 one, full rows of random tokens with `masked` predictions. seq_per_s and MFU (training FLOPs of
 `model.flops.flops_per_sequence`, the same useful work credited to both sides, over the measured matmul peak).
@@ -20,7 +24,7 @@ import torch
 from bertforge import device as dev
 from bertforge.bench.baseline import hf_pretraining, hf_step
 from bertforge.bench.harness import SetupCache
-from bertforge.model import BertConfig, build_model
+from bertforge.model import MODEL_PRESETS, BertConfig, build_model
 from bertforge.model.flops import flops_per_sequence
 from bertforge.optim.lamb import build_optimizer
 from bertforge.runtime.step import TrainStep
@@ -50,6 +54,26 @@ def random_batches(batch: int, seq: int, masked: int, vocab: int, n: int = 2, se
     return out
 
 
+def mlm_batches(
+    batch: int, seq: int, vocab: int, mask_rate: float = 0.3, min_len: int | None = None, n: int = 2, seed: int = 0
+) -> list[dict]:
+    """MLM-only rows (no token types, no NSP) of lengths uniform in [min_len, seq] (default seq // 4), padded to
+    seq; round(mask_rate x length) masked positions per row, in (B, P) slots with 0 = empty."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        lengths = torch.randint(min_len or seq // 4, seq + 1, (batch,), generator=g)
+        mask = (torch.arange(seq)[None] < lengths[:, None]).long()  # (B, T)
+        ids = torch.randint(1000, vocab, (batch, seq), generator=g) * mask
+        counts = [round(mask_rate * int(n_real)) for n_real in lengths]
+        pos = torch.zeros(batch, max(counts), dtype=torch.long)  # (B, P)
+        for r, (k, n_real) in enumerate(zip(counts, lengths.tolist())):
+            pos[r, :k] = (torch.randperm(n_real - 1, generator=g)[:k] + 1).sort().values  # never slot 0
+        labels = torch.randint(1000, vocab, pos.shape, generator=g) * (pos > 0)
+        out.append({"input_ids": ids, "attention_mask": mask, "masked_positions": pos, "masked_labels": labels})
+    return out
+
+
 def shard_batches(data_dir: str, batch: int, n: int = 2) -> list[dict]:
     from bertforge.data.loader import PretrainLoader
 
@@ -57,21 +81,30 @@ def shard_batches(data_dir: str, batch: int, n: int = 2) -> list[dict]:
     return [next(it) for _ in range(n)]
 
 
-def _build(impl, preset, precision, batch, seq, masked, data_dir, vocab, attention, compile, device, optimizer):
+def _build(impl, preset, precision, batch, seq, masked, data_dir, vocab, attention, compile, device, optimizer, mlm):
     where = dev.resolve_device(device)
     dev.empty_cache(where)
     dev.reset_peak_memory(where)
-    inputs = shard_batches(data_dir, batch) if data_dir else random_batches(batch, seq, masked, min(vocab, 30522))
+    modern = MODEL_PRESETS[preset].model_type == "modernbert"
+    if data_dir:
+        inputs = shard_batches(data_dir, batch)
+    elif modern:
+        inputs = mlm_batches(batch, seq, min(vocab, 30522), mlm["mask_rate"], mlm["min_len"])
+    else:
+        inputs = random_batches(batch, seq, masked, min(vocab, 30522))
     seq, masked = inputs[0]["input_ids"].shape[1], inputs[0]["masked_positions"].shape[1]
     vocab = max(vocab, int(max(b["input_ids"].max() for b in inputs)) + 1)
     config = BertConfig.from_preset(preset, vocab_size=vocab, max_position_embeddings=max(seq, 512))
+    if modern:  # the useful work of varied rows: their mean real length and number of masked slots
+        seq = sum(int(b["attention_mask"].sum()) for b in inputs) / (len(inputs) * batch)
+        masked = sum(int((b["masked_positions"] > 0).sum()) for b in inputs) / (len(inputs) * batch)
     torch.manual_seed(0)
     if impl == "hf":
-        model, opt = hf_pretraining(config, where)
+        model, opt = hf_pretraining(config, where, sparse_prediction=mlm["hf_sparse"])
         return where, config, (model, opt), inputs, seq, masked
     if impl != "ours":
         raise ValueError(f"impl must be ours or hf, not {impl!r}")
-    model = build_model(config, "pretraining", attention=attention).to(where).train()
+    model = build_model(config, "mlm" if modern else "pretraining", attention=attention).to(where).train()
     opt = build_optimizer(
         model, optimizer, 1e-4 if optimizer == "adamw" else 1e-3, 0.01, (0.9, 0.999), 1e-6, where.type
     )
@@ -94,11 +127,16 @@ def train_step(
     data_dir: str | None = None,
     optimizer: str = "lamb",
     threads: int | None = None,
+    mask_rate: float = 0.3,
+    min_len: int | None = None,
+    hf_sparse: bool = False,
 ) -> dict[str, float]:
-    """`steps` optimizer updates of one micro-batch each; seq/s, tokens/s, ms per step, MFU, peak memory."""
+    """`steps` optimizer updates of one micro-batch each; seq/s, tokens/s, ms per step, MFU, peak memory.
+    `mask_rate`, `min_len`, `hf_sparse`: ModernBERT presets only (see the module doc)."""
+    mlm = {"mask_rate": mask_rate, "min_len": min_len, "hf_sparse": hf_sparse}
     key = (impl, preset, precision, batch, seq, masked, data_dir, vocab, attention, compile, device, optimizer)
     with dev.threads(threads):
-        where, config, runner, inputs, seq, masked = _CACHE.get(key, lambda: _build(*key))
+        where, config, runner, inputs, seq, masked = _CACHE.get(key + tuple(mlm.values()), lambda: _build(*key, mlm))
         precision = dev.resolve_precision(precision, where)
         t0 = time.perf_counter()
         for i in range(steps):
@@ -116,7 +154,7 @@ def train_step(
         "seq_per_s": seq_per_s,
         "tokens_per_s": seq_per_s * real_tokens / batch,
         "step_ms": 1000 * elapsed / steps,
-        "mfu": flops_per_sequence(config, seq, masked, task="pretraining", training=True)
+        "mfu": flops_per_sequence(config, seq, masked, task="mlm" if config.modern else "pretraining", training=True)
         * seq_per_s
         / dev.peak_flops(where, precision),
         "peak_mem_gb": dev.max_memory_allocated(where) / 2**30,

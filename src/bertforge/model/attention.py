@@ -19,6 +19,12 @@ Kernels, chosen per model by name (`ATTENTION_IMPLS`):
   `unfused`: SDPA has no fused dropout kernel there and falls back to this same computation with torch's slow
   dropout; written out with `model.dropout`'s mask it is ~2x faster (bf16, forward + backward).
 - `eager`: softmax(QK^T / sqrt(d) + mask) V written out, the reference the others are tested against.
+
+Every encoder family goes through `attend` (fused qkv in, context out, in whichever layout the encoder runs).
+ModernBERT adds two things here, both as Hugging Face's `ModernBertAttention` defines them: rotary position
+embeddings on q and k (`rope_tables`, `rotate`; Su et al. 2021, the rotate-half layout), and sliding-window
+local attention, a constraint on the scores: query i sees key j only when |i - j| <= local_attention // 2
+(`block_mask(..., half_window)` for the masked kernels, the kernel's `window_size` for varlen flash).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from bertforge.model.dropout import keep_mask
+from bertforge.model.dropout import fast_dropout_usable, keep_mask
 
 ATTENTION_IMPLS = ("auto", "sdpa", "varlen", "eager")
 
@@ -63,14 +69,36 @@ def resolve_attention(name: str) -> str:
     return name
 
 
-def block_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) sequence index (0 = padding) -> (B, 1, T, T) bool, True where query t may attend to key s."""
+def block_mask(attention_mask: torch.Tensor, half_window: int | None = None) -> torch.Tensor:
+    """(B, T) sequence index (0 = padding) -> (B, 1, T, T) bool, True where query t may attend to key s.
+    `half_window`: only keys within that distance (ModernBERT's local layers), padding queries included, as
+    Hugging Face's sliding-window mask. A query left with no key attends everywhere (HF: a fully masked row
+    softmaxes to uniform), which also keeps every softmax row non-empty."""
     q = attention_mask[:, :, None]  # (B, T, 1)
     k = attention_mask[:, None, :]  # (B, 1, T)
-    real_k = k != 0
-    allowed = real_k & ((q == k) | (q == 0))  # (B, T, T): own sequence; padding queries see all real keys
-    empty_row = ~real_k.any(dim=-1, keepdim=True)  # (B, 1, 1): a row of padding only attends everywhere
+    allowed = (k != 0) & ((q == k) | (q == 0))  # (B, T, T): own sequence; padding queries see all real keys
+    if half_window is not None:
+        idx = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        allowed = allowed & ((idx[:, None] - idx[None, :]).abs() <= half_window)  # |i - j| <= window / 2
+    empty_row = ~allowed.any(dim=-1, keepdim=True)  # (B, T, 1)
     return (allowed | empty_row)[:, None]  # (B, 1, T, T)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions (..., T) -> cos, sin (..., T, 1, D) fp32, broadcasting over the heads of (..., T, nh, D).
+    Computed as Hugging Face's default rope (fp32 inverse frequencies, the angle table concatenated twice)."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float, device=positions.device) / head_dim
+    inv_freq = 1.0 / (theta**exponent)  # (D/2,)
+    freqs = positions[..., None].float() * inv_freq  # (..., T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)[..., None, :]  # (..., T, 1, D)
+    return emb.cos(), emb.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (..., T, nh, D) in fp32 (as HF), back in x's dtype: x cos + rotate_half(x) sin."""
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    return (x32 * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 @dataclass
@@ -142,12 +170,54 @@ def unfused(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:
         return (torch.where(keep, probs, 0.0) @ v).mul_(scale)  # (B, nh, T, D)
 
 
-def varlen(q, k, v, meta: VarlenMeta, dropout_p: float) -> torch.Tensor:
-    """q, k, v (N, nh, D) unpadded -> (N, nh, D) with a varlen flash kernel (callers check availability)."""
+def varlen(q, k, v, meta: VarlenMeta, dropout_p: float, half_window: int | None = None) -> torch.Tensor:
+    """q, k, v (N, nh, D) unpadded -> (N, nh, D) with a varlen flash kernel (callers check availability).
+    `half_window`: keys within that distance only; both kernels' window_size bounds are inclusive."""
     kind, fn = VARLEN_KERNEL
+    window = (-1, -1) if half_window is None else (half_window, half_window)
+    cu, n = meta.cu_seqlens, meta.max_seqlen
     if kind == "flash_attn":
-        return fn(q, k, v, meta.cu_seqlens, meta.cu_seqlens, meta.max_seqlen, meta.max_seqlen, dropout_p=dropout_p)
-    return fn(q, k, v, meta.cu_seqlens, meta.cu_seqlens, meta.max_seqlen, meta.max_seqlen)
+        return fn(q, k, v, cu, cu, n, n, dropout_p=dropout_p, window_size=window)
+    return fn(q, k, v, cu, cu, n, n, window_size=window)
+
+
+def attend(
+    qkv: torch.Tensor,
+    heads: int,
+    mask: torch.Tensor | None,
+    meta: VarlenMeta | None,
+    dropout_p: float,
+    impl: str,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    half_window: int | None = None,
+) -> torch.Tensor:
+    """Self-attention of a fused projection, in the encoder's layout:
+    - padded: qkv (B, T, 3H), mask (B, 1, T, T) -> (B, T, H);
+    - unpadded, varlen flash (mask None): qkv (N, 3H), meta -> (N, H);
+    - unpadded, masked kernel: qkv (N, 3H), meta and mask -> (N, H), attention on the re-padded batch.
+    `rope` (cos, sin) must be in the layout attention runs in ((B|1, T, 1, D), or (N, 1, D) for flash);
+    `half_window` is used by flash only (the masked kernels carry the window in `mask`)."""
+    if meta is not None and mask is not None:
+        B, T = meta.shape
+        full = qkv.new_zeros(B * T, qkv.shape[-1]).index_copy(0, meta.indices, qkv)  # (B*T, 3H)
+        ctx = attend(full.view(B, T, -1), heads, mask, None, dropout_p, impl, rope)  # (B, T, H)
+        return ctx.reshape(B * T, -1).index_select(0, meta.indices)  # (N, H)
+    lead = qkv.shape[:-1]  # (B, T) or (N,)
+    q, k, v = qkv.view(*lead, 3, heads, -1).unbind(-3)  # 3 x (B, T, nh, D) or (N, nh, D)
+    if rope is not None:
+        q, k = rotate(q, *rope), rotate(k, *rope)
+    if meta is not None:
+        return varlen(q, k, v, meta, dropout_p, half_window).reshape(lead[0], -1)  # (N, H)
+    if mask is None:
+        raise ValueError("padded attention needs the (B, 1, T, T) mask (only the flash path runs without one)")
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, D)
+    if impl == "eager":
+        fn = eager
+    elif impl == "auto" and dropout_p > 0 and fast_dropout_usable(q):
+        fn = unfused  # training with attention dropout on CPU: SDPA's math fallback, written out
+    else:
+        fn = sdpa
+    return fn(q, k, v, mask, dropout_p).transpose(1, 2).reshape(*lead, -1)  # (B, T, H)
 
 
 def varlen_usable(hidden: torch.Tensor, dropout_p: float) -> bool:

@@ -1,4 +1,4 @@
-"""BERT / RoBERTa encoder: embeddings, post-LN encoder layers with a fused QKV projection, pooler.
+"""BERT / RoBERTa / ModernBERT encoders: embeddings, encoder layers with a fused QKV projection, pooler.
 
 Exactly the original architecture (Devlin et al. 2018; Google's modeling.py; Hugging Face `BertModel`):
 post-LayerNorm residual blocks, exact (erf) GELU, LayerNorm eps from the config (BERT 1e-12), weights
@@ -10,10 +10,20 @@ embeddings zero. Parameter names follow Hugging Face's so checkpoints read natur
 RoBERTa (Liu et al. 2019) is the same encoder with its own embedding rules: positions are offset by
 `pad_token_id + 1` (fairseq's `make_positions`), and a single token type.
 
+ModernBERT (Warner et al. 2024) is a row of `ARCHITECTURES`, not a second model class: its own embeddings
+(no positions) and pre-norm layer (rotary, GeGLU, no biases, local/global attention), a final norm, no pooler,
+with Hugging Face `ModernBertModel`'s parameter names inside them. The encoder loop, unpadding, the heads
+and the interop are the same code for all three.
+
 The module holds no device, precision or distributed logic (DESIGN §5.3).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -22,7 +32,7 @@ from bertforge.errors import ConfigError
 from bertforge.model import attention as attn
 from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.config import BertConfig
-from bertforge.model.dropout import Dropout, fast_dropout_usable
+from bertforge.model.dropout import Dropout
 from bertforge.model.heads import TASK_HEADS, ModelOutput
 
 
@@ -37,6 +47,11 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
+
+    @property
+    def tokens(self) -> nn.Embedding:
+        """The word embeddings (the MLM decoder is tied to them)."""
+        return self.word_embeddings
 
     def forward(self, input_ids, token_type_ids=None, position_ids=None) -> torch.Tensor:
         B, T = input_ids.shape
@@ -73,40 +88,16 @@ class DenseNorm(nn.Module):
 class SelfAttention(nn.Module):
     def __init__(self, config: BertConfig, impl: str):
         super().__init__()
-        self.heads, self.head_dim = config.num_attention_heads, config.head_dim
+        self.heads = config.num_attention_heads
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)  # fused query | key | value
         self.output = DenseNorm(config.hidden_size, config)
         self.dropout_p = config.attention_probs_dropout_prob
         self.impl = impl
 
     def forward(self, h, mask=None, meta: attn.VarlenMeta | None = None):
+        """h (B, T, H) padded, or (N, H) unpadded with `meta` (see `attention.attend`) -> the same shape."""
         p = self.dropout_p if self.training else 0.0
-        if meta is None:  # padded (B, T, H)
-            ctx = self._padded(self.qkv(h), mask, p)  # (B, T, H)
-        elif mask is None:  # unpadded tokens (N, H), varlen flash kernel
-            N = h.shape[0]
-            q, k, v = self.qkv(h).view(N, 3, self.heads, self.head_dim).unbind(1)  # 3 x (N, nh, D)
-            ctx = attn.varlen(q, k, v, meta, p).reshape(N, -1)  # (N, H)
-        else:  # unpadded tokens (N, H); attention on the re-padded batch with the block mask
-            B, T = meta.shape
-            qkv = self.qkv(h)  # (N, 3H): the projection skips the padding
-            full = qkv.new_zeros(B * T, qkv.shape[-1]).index_copy(0, meta.indices, qkv)  # (B*T, 3H)
-            ctx = self._padded(full.view(B, T, -1), mask, p)  # (B, T, H)
-            ctx = ctx.reshape(B * T, -1).index_select(0, meta.indices)  # (N, H)
-        return self.output(ctx, h)
-
-    def _padded(self, qkv, mask, p):
-        """qkv (B, T, 3H) -> context (B, T, H) with SDPA (or the eager reference) and the block mask."""
-        B, T, _ = qkv.shape
-        qkv = qkv.view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, D)
-        q, k, v = qkv.unbind(0)
-        if self.impl == "eager":
-            fn = attn.eager
-        elif self.impl == "auto" and p > 0 and fast_dropout_usable(q):
-            fn = attn.unfused  # training with attention dropout on CPU: SDPA's math fallback, written out
-        else:
-            fn = attn.sdpa
-        return fn(q, k, v, mask, p).transpose(1, 2).reshape(B, T, -1)  # (B, nh, T, D) -> (B, T, H)
+        return self.output(attn.attend(self.qkv(h), self.heads, mask, meta, p, self.impl), h)
 
 
 class Intermediate(nn.Module):
@@ -120,28 +111,126 @@ class Intermediate(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, config: BertConfig, impl: str):
+    def __init__(self, config: BertConfig, impl: str, index: int = 0):
         super().__init__()
         self.attention = SelfAttention(config, impl)
         self.intermediate = Intermediate(config)
         self.output = DenseNorm(config.intermediate_size, config)
 
-    def forward(self, h, mask=None, meta=None):
-        h = self.attention(h, mask, meta)
+    def forward(self, h, mask=None, meta=None, rope=None):
+        h = self.attention(h, mask, meta)  # BERT has no rotary positions: `rope` is always None here
         return self.output(self.intermediate(h), h)
 
 
+# ------------------------------------------------------------------------------------------- ModernBERT
+# Warner et al. 2024 / Hugging Face `ModernBertModel`, with its parameter names: pre-norm residual blocks,
+# rotary q/k, GeGLU feed-forward, LayerNorms without bias, no biases on the projections.
+def _norm(config: BertConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
+
+
+class ModernEmbeddings(nn.Module):
+    """Token embeddings -> LayerNorm -> dropout; positions enter as rotary angles inside attention."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.norm = _norm(config)
+        self.drop = Dropout(config.hidden_dropout_prob)
+
+    @property
+    def tokens(self) -> nn.Embedding:
+        return self.tok_embeddings
+
+    def forward(self, input_ids, token_type_ids=None, position_ids=None) -> torch.Tensor:
+        return self.drop(self.norm(self.tok_embeddings(input_ids)))  # (B, T, H); no token types
+
+
+class ModernAttention(nn.Module):
+    """Wqkv -> rotary q, k -> attention (global, or within local_attention // 2 of the query) -> Wo."""
+
+    def __init__(self, config: BertConfig, impl: str, index: int):
+        super().__init__()
+        H = config.hidden_size
+        self.heads, self.impl = config.num_attention_heads, impl
+        self.Wqkv = nn.Linear(H, 3 * H, bias=config.attention_bias)
+        self.Wo = nn.Linear(H, H, bias=config.attention_bias)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.out_drop = Dropout(config.attention_probs_dropout_prob)  # HF drops Wo's output at the same rate
+        local = config.layer_types[index] == "sliding_attention"
+        self.half_window = config.local_attention // 2 if local else None
+
+    def forward(self, h, mask, meta, rope):
+        p = self.dropout_p if self.training else 0.0
+        ctx = attn.attend(self.Wqkv(h), self.heads, mask, meta, p, self.impl, rope, self.half_window)
+        return self.out_drop(self.Wo(ctx))
+
+
+class GatedMLP(nn.Module):
+    """GeGLU (Shazeer 2020): Wo(drop(act(x W_in) * (x W_gate))), W_in | W_gate fused in Wi (2I, H)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.drop = Dropout(config.hidden_dropout_prob)
+        self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, h):
+        x, gate = self.Wi(h).chunk(2, dim=-1)  # 2 x (..., I)
+        return self.Wo(self.drop(self.act(x) * gate))  # (..., H)
+
+
+class PreNormLayer(nn.Module):
+    """h + attn(norm(h)), then h + mlp(norm(h)). Layer 0 has no attention norm: the embeddings end in one."""
+
+    def __init__(self, config: BertConfig, impl: str, index: int):
+        super().__init__()
+        self.attn_norm = _norm(config) if index else nn.Identity()
+        self.attn = ModernAttention(config, impl, index)
+        self.mlp_norm = _norm(config)
+        self.mlp = GatedMLP(config)
+
+    def forward(self, h, mask=None, meta=None, rope=None):
+        h = h + self.attn(self.attn_norm(h), mask, meta, rope)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What an encoder family builds; everything else (encoder loop, unpadding, heads, interop) is shared."""
+
+    embeddings: Callable[[BertConfig], nn.Module]
+    layer: Callable[[BertConfig, str, int], nn.Module]
+    """(config, attention kernel, layer index) -> one encoder layer."""
+    final_norm: bool
+    """A LayerNorm after the last layer (pre-norm stacks)."""
+    rotary: bool
+    """Rotary q/k with per-layer-type bases (global_rope_theta / local_rope_theta)."""
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": Architecture(Embeddings, EncoderLayer, final_norm=False, rotary=False),
+    "roberta": Architecture(Embeddings, EncoderLayer, final_norm=False, rotary=False),
+    "modernbert": Architecture(ModernEmbeddings, PreNormLayer, final_norm=True, rotary=True),
+}
+ENCODER_LAYERS = (EncoderLayer, PreNormLayer)
+"""The layer classes, for code that wraps every layer (activation checkpointing)."""
+
+
 class Encoder(nn.Module):
-    """The stack of layers; activation checkpointing is applied to the layers from outside
-    (`bertforge.runtime.activation`)."""
+    """The stack of layers; each gets the mask and rotary tables of its kind (`BertConfig.layer_types`).
+    Activation checkpointing is applied to the layers from outside (`bertforge.runtime.activation`)."""
 
     def __init__(self, config: BertConfig, impl: str):
         super().__init__()
-        self.layer = nn.ModuleList(EncoderLayer(config, impl) for _ in range(config.num_hidden_layers))
+        build = ARCHITECTURES[config.model_type].layer
+        self.layer = nn.ModuleList(build(config, impl, i) for i in range(config.num_hidden_layers))
+        self.kinds = config.layer_types
 
-    def forward(self, h, mask=None, meta=None):
-        for layer in self.layer:
-            h = layer(h, mask, meta)
+    def forward(self, h, masks: dict | None = None, meta=None, ropes: dict | None = None):
+        for layer, kind in zip(self.layer, self.kinds):
+            h = layer(h, masks and masks[kind], meta, ropes and ropes[kind])
         return h
 
 
@@ -157,17 +246,22 @@ class Pooler(nn.Module):
 
 
 class BertEncoderModel(nn.Module):
-    """Embeddings + encoder (+ pooler when a head needs it): Hugging Face's `BertModel` / `RobertaModel`."""
+    """Embeddings + encoder (+ pooler when a head needs it, + final norm for pre-norm stacks): Hugging Face's
+    `BertModel` / `RobertaModel` / `ModernBertModel`."""
 
     def __init__(self, config: BertConfig, attention: str = "auto", pooler: bool = True):
         super().__init__()
-        if config.hidden_act not in ACTIVATIONS:
-            raise ConfigError(f"hidden_act {config.hidden_act!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
+        for act in (config.hidden_act, config.classifier_activation if config.modern else "gelu"):
+            if act not in ACTIVATIONS:
+                raise ConfigError(f"activation {act!r} is not supported; use one of {', '.join(ACTIVATIONS)}")
         self.config = config
+        arch = ARCHITECTURES[config.model_type]
         self.attention_impl = attn.resolve_attention(attention)
-        self.embeddings = Embeddings(config)
+        self.embeddings = arch.embeddings(config)
         self.encoder = Encoder(config, self.attention_impl)
-        self.pooler = Pooler(config) if pooler else None
+        self.pooler = Pooler(config) if pooler and not config.modern else None  # ModernBERT has none
+        self.final_norm = _norm(config) if arch.final_norm else None
+        self.rotary = arch.rotary
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None) -> torch.Tensor:
         """-> sequence output (B, T, H). attention_mask: 0 padding, 1..k sequence index (packed rows)."""
@@ -177,15 +271,46 @@ class BertEncoderModel(nn.Module):
             attention_mask = torch.ones_like(input_ids)
         dropout_p = self.config.attention_probs_dropout_prob if self.training else 0.0
         flash = self.attention_impl in ("auto", "varlen") and attn.varlen_usable(h, dropout_p)
+        masks = None if flash else self._masks(attention_mask)
+        ropes = self._ropes(input_ids, position_ids)
         if flash or self.attention_impl == "varlen":
             # no padding compute: every token-wise op (all the matmuls but attention's) runs on the N real
             # tokens; attention runs in the varlen flash kernel, or else padded with SDPA and the block mask
             meta = attn.varlen_meta(attention_mask, lengths=flash)
-            flat = h.reshape(B * T, -1).index_select(0, meta.indices)  # (N, H)
-            flat = self.encoder(flat, None if flash else attn.block_mask(attention_mask), meta)
+            if flash and ropes is not None:  # the kernel sees unpadded q/k: tables (N, 1, D)
+                full = (B, T, 1, self.config.head_dim)
+                ropes = {k: (_unpad(c.expand(full), meta), _unpad(s.expand(full), meta)) for k, (c, s) in ropes.items()}
+            flat = self._finish(self.encoder(_unpad(h, meta), masks, meta, ropes))  # (N, H)
             out = flat.new_zeros(B * T, flat.shape[-1]).index_copy(0, meta.indices, flat)
             return out.view(B, T, -1)  # (B, T, H), zeros at padding
-        return self.encoder(h, attn.block_mask(attention_mask))
+        return self._finish(self.encoder(h, masks, None, ropes))
+
+    def _finish(self, h):
+        return h if self.final_norm is None else self.final_norm(h)
+
+    def _masks(self, attention_mask) -> dict[str, torch.Tensor]:
+        """One (B, 1, T, T) mask per layer kind: the block mask, and within the window for local layers."""
+        kinds = set(self.encoder.kinds)
+        masks = {"full_attention": attn.block_mask(attention_mask)}
+        if "sliding_attention" in kinds:
+            masks["sliding_attention"] = attn.block_mask(attention_mask, self.config.local_attention // 2)
+        return masks
+
+    def _ropes(self, input_ids, position_ids) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+        """Rotary (cos, sin) per layer kind, (B|1, T, 1, D); positions restart at 0 in every packed sequence
+        when the batch gives `position_ids`."""
+        if not self.rotary:
+            return None
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]  # (1, T)
+        c = self.config
+        thetas = {"full_attention": c.global_rope_theta, "sliding_attention": c.local_rope_theta}
+        return {k: attn.rope_tables(position_ids, c.head_dim, thetas[k]) for k in set(self.encoder.kinds)}
+
+
+def _unpad(x: torch.Tensor, meta: attn.VarlenMeta) -> torch.Tensor:
+    """(B, T, ...) -> (N, ...) at the real tokens."""
+    return x.reshape(-1, *x.shape[2:]).index_select(0, meta.indices)
 
 
 def init_weights(module: nn.Module, config: BertConfig) -> None:
@@ -205,6 +330,31 @@ def init_weights(module: nn.Module, config: BertConfig) -> None:
             nn.init.zeros_(m.bias)
 
 
+def init_modern_weights(module: nn.Module, config: BertConfig) -> None:
+    """ModernBERT's init (HF `ModernBertPreTrainedModel._init_weights`): truncated normal at +-2 std; std 0.02
+    for embeddings and input projections (Wqkv, Wi), 0.02 / sqrt(2 L) for output projections (Wo, the prediction
+    head's dense), hidden**-0.5 for the final classifier; biases 0, LayerNorm 1/0."""
+    std_in = config.initializer_range
+    stds = {"in": std_in, "out": std_in / math.sqrt(2.0 * config.num_hidden_layers), "final": config.hidden_size**-0.5}
+    for name, m in module.named_modules():
+        if isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+            continue
+        if not isinstance(m, (nn.Linear, nn.Embedding)):
+            continue
+        if name.endswith(("Wo", "head.dense", "transform.dense")):
+            std = stds["out"]
+        elif name in ("classifier", "qa_outputs"):  # the last Linear of a fine-tuning head
+            std = stds["final"]
+        else:
+            std = stds["in"]
+        nn.init.trunc_normal_(m.weight, 0.0, std, -2.0 * std, 2.0 * std)  # initializer_cutoff_factor 2
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
 class BertForTask(nn.Module):
     """The encoder (`bert`) plus the head of one task from `TASK_HEADS`, registered under the head's Hugging
     Face name (`cls`, `qa_outputs` or `classifier`); `forward` returns a `ModelOutput`."""
@@ -217,11 +367,16 @@ class BertForTask(nn.Module):
         if task not in TASK_HEADS:
             raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(TASK_HEADS)}")
         spec = TASK_HEADS[task]
+        if config.modern and spec.hf_class("modernbert") is None:
+            raise ConfigError(
+                f"ModernBERT has no {task!r} head (no next-sentence prediction): pre-train it with the MLM-only "
+                "objective (task mlm)"
+            )
         self.config, self.task = config, task
         self.num_labels = spec.fixed_labels or num_labels
         self.bert = BertEncoderModel(config, attention, pooler=spec.pooler)
         self.add_module(spec.name, spec.build(config, self.num_labels))
-        init_weights(self, config)
+        (init_modern_weights if config.modern else init_weights)(self, config)
 
     @property
     def attention_impl(self) -> str:
@@ -255,10 +410,11 @@ class BertForTask(nn.Module):
             "labels": labels,
             "start_positions": start_positions,
             "end_positions": end_positions,
+            "attention_mask": attention_mask,  # ModernBERT's mean pooling
         }
         # the encoder's pieces a head shares: they keep their one name here and are passed, not registered twice
         shared = {
-            "decoder_weight": self.bert.embeddings.word_embeddings.weight,  # (V, H), the tied MLM decoder
+            "decoder_weight": cast(nn.Embedding, self.bert.embeddings.tokens).weight,  # (V, H), the tied decoder
             "pooler": self.bert.pooler,
         }
         out = self.head(seq, batch, **{k: shared[k] for k in TASK_HEADS[self.task].inputs})

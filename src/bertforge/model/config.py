@@ -1,4 +1,10 @@
-"""Model architecture: `BertConfig` (the fields of a Hugging Face `config.json`) and the size presets."""
+"""Model architecture: `BertConfig` (the fields of a Hugging Face `config.json`) and the size presets.
+
+Three encoder families share one config and one model (`model_type`): BERT, RoBERTa (BERT with fairseq's
+position rule) and ModernBERT (Warner et al. 2024, arXiv 2412.13663: rotary positions, GeGLU, pre-norm with a
+final norm, no biases, a global attention layer every N layers and sliding-window attention in the others).
+Fields that only ModernBERT reads are listed in `MODERN_FIELDS` and carry ModernBERT's own defaults.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,23 @@ class ModelSize:
     layers: int
     hidden: int
     heads: int
+    intermediate: int | None = None
+    """Feed-forward width; None: 4 x hidden (BERT)."""
+    model_type: str = "bert"
+    defaults: tuple[tuple[str, Any], ...] = ()
+    """Other BertConfig fields of the preset (overrides passed to `from_preset` win)."""
+
+
+# ModernBERT's published config.json values (answerdotai/ModernBERT-base and -large): the GPT-NeoX-based BPE
+# vocab of 50,368 (a multiple of 64), 8,192 positions, LayerNorm eps 1e-5 and no dropout. The padding id
+# (50283 in the published tokenizer) belongs to the vocab a run trains with, so the preset leaves it at 0.
+_MODERN = (
+    ("vocab_size", 50368),
+    ("max_position_embeddings", 8192),
+    ("layer_norm_eps", 1e-5),
+    ("hidden_dropout_prob", 0.0),
+    ("attention_probs_dropout_prob", 0.0),
+)
 
 
 # Sizes from Turc et al. 2019 (tiny/mini/small/medium) and Devlin et al. 2018 (base/large);
@@ -24,7 +47,35 @@ MODEL_PRESETS: dict[str, ModelSize] = {
     "medium": ModelSize(layers=8, hidden=512, heads=8),
     "base": ModelSize(layers=12, hidden=768, heads=12),
     "large": ModelSize(layers=24, hidden=1024, heads=16),
+    # Warner et al. 2024, Table 8 / the published config.json: base 22 x 768 (GeGLU width 1152, 12 heads),
+    # large 28 x 1024 (2624, 16 heads). The tiny one (head size 64 as base; 4 layers = global, local, local,
+    # global) is for tests and the demo.
+    "modernbert-tiny": ModelSize(
+        layers=4, hidden=128, heads=2, intermediate=256, model_type="modernbert", defaults=_MODERN
+    ),
+    "modernbert-base": ModelSize(
+        layers=22, hidden=768, heads=12, intermediate=1152, model_type="modernbert", defaults=_MODERN
+    ),
+    "modernbert-large": ModelSize(
+        layers=28, hidden=1024, heads=16, intermediate=2624, model_type="modernbert", defaults=_MODERN
+    ),
 }
+
+MODEL_TYPES = ("bert", "roberta", "modernbert")
+# read by ModernBERT only; BERT/RoBERTa config.json files do not carry them
+MODERN_FIELDS = (
+    "norm_bias",
+    "attention_bias",
+    "mlp_bias",
+    "decoder_bias",
+    "classifier_bias",
+    "classifier_pooling",
+    "classifier_activation",
+    "local_attention",
+    "global_attn_every_n_layers",
+    "global_rope_theta",
+    "local_rope_theta",
+)
 
 
 @dataclasses.dataclass
@@ -58,15 +109,59 @@ class BertConfig:
     pad_token_id: int = 0
     """Id of [PAD]; its embedding row is zero at init. RoBERTa: 1, also its padding_idx for positions."""
     model_type: str = "bert"
-    """bert or roberta: RoBERTa offsets positions by pad_token_id + 1."""
+    """bert, roberta (positions offset by pad_token_id + 1) or modernbert."""
+    # ---- ModernBERT only (MODERN_FIELDS); defaults as Hugging Face's ModernBertConfig
+    norm_bias: bool = False
+    """LayerNorms with a bias (ModernBERT: none)."""
+    attention_bias: bool = False
+    """Biases on the attention projections Wqkv and Wo."""
+    mlp_bias: bool = False
+    """Biases on the GeGLU projections Wi and Wo."""
+    decoder_bias: bool = True
+    """An output bias on the tied MLM decoder."""
+    classifier_bias: bool = False
+    """A bias on the dense layer of the prediction head (`head.dense`) that every task head starts with."""
+    classifier_pooling: str = "cls"
+    """Sequence classification reads the first token (cls) or the mean over the real tokens (mean)."""
+    classifier_activation: str = "gelu"
+    """Activation of the prediction head (`head`)."""
+    local_attention: int = 128
+    """Sliding-window width of the local layers: a token sees the tokens within local_attention // 2 of it."""
+    global_attn_every_n_layers: int = 3
+    """Layer i attends globally when i % N == 0, in a sliding window otherwise."""
+    global_rope_theta: float = 160000.0
+    """Rotary base of the global layers (ModernBERT: 160,000, raised for the 8,192-token phase)."""
+    local_rope_theta: float = 10000.0
+    """Rotary base of the local layers."""
 
     def __post_init__(self) -> None:
-        if self.model_type not in ("bert", "roberta"):
-            raise ConfigError(f"model_type must be bert or roberta, not {self.model_type!r}")
+        if self.model_type not in MODEL_TYPES:
+            raise ConfigError(f"model_type must be one of {', '.join(MODEL_TYPES)}, not {self.model_type!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
             )
+        if self.modern and (self.head_dim % 2 or self.local_attention < 2 or self.global_attn_every_n_layers < 1):
+            raise ConfigError(
+                "ModernBERT needs an even head size (rotary pairs), local_attention >= 2 and "
+                f"global_attn_every_n_layers >= 1 (got {self.head_dim}, {self.local_attention}, "
+                f"{self.global_attn_every_n_layers})"
+            )
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ConfigError(f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ConfigError(f"classifier_pooling must be cls or mean, not {self.classifier_pooling!r}")
+
+    @property
+    def modern(self) -> bool:
+        """ModernBERT's layer, embeddings and heads (rather than BERT's)."""
+        return self.model_type == "modernbert"
+
+    @property
+    def layer_types(self) -> list[str]:
+        """Per layer, as Hugging Face names them: full_attention, or sliding_attention (ModernBERT's local layers)."""
+        n = self.global_attn_every_n_layers if self.modern else 1
+        return ["sliding_attention" if i % n else "full_attention" for i in range(self.num_hidden_layers)]
 
     @property
     def head_dim(self) -> int:
@@ -77,13 +172,17 @@ class BertConfig:
         if name not in MODEL_PRESETS:
             raise ConfigError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
         size = MODEL_PRESETS[name]
-        return cls(
-            num_hidden_layers=size.layers,
-            hidden_size=size.hidden,
-            num_attention_heads=size.heads,
-            intermediate_size=4 * size.hidden,
-            **overrides,
-        )
+        kw: dict[str, Any] = {
+            "num_hidden_layers": size.layers,
+            "hidden_size": size.hidden,
+            "num_attention_heads": size.heads,
+            "intermediate_size": size.intermediate or 4 * size.hidden,
+            "model_type": size.model_type,
+            **dict(size.defaults),
+        }
+        return cls(**{**kw, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields this model type uses (BERT/RoBERTa leave out MODERN_FIELDS)."""
+        out = dataclasses.asdict(self)
+        return out if self.modern else {k: v for k, v in out.items() if k not in MODERN_FIELDS}

@@ -7,6 +7,9 @@ A matmul of (m, k) x (k, n) costs 2mkn. For one sequence of T tokens, hidden H, 
     NSP head    2H·H (pooler) + 2H·2
     QA          2T·H·2;  classification 2H·H + 2H·labels;  token classification 2T·H·labels
 
+ModernBERT: the GeGLU feed-forward is three I x H matmuls (2T·H·2I in, 2T·I·H out: 6T·H·I), and a local layer's
+scores and context see at most local_attention + 1 keys per query instead of T.
+
 Embedding lookups, LayerNorm, softmax and activations are not matmuls and are left out (a few percent).
 Training counts 3x forward (backward is two matmuls per forward matmul). Because the Hugging Face baseline
 computes the MLM head densely, MFU computed with this formula credits only useful work: a model that spends
@@ -20,8 +23,12 @@ from bertforge.model.config import BertConfig
 
 def encoder_flops(config: BertConfig, seq_len: float) -> float:
     T, H, I = seq_len, config.hidden_size, config.intermediate_size
-    per_layer = 2 * T * H * 3 * H + 2 * 2 * T * T * H + 2 * T * H * H + 2 * 2 * T * H * I
-    return float(config.num_hidden_layers * per_layer)
+    ffn = (6 if config.modern else 4) * T * H * I
+    total = 0.0
+    for kind in config.layer_types:
+        keys = min(T, config.local_attention + 1) if kind == "sliding_attention" else T
+        total += 2 * T * H * 3 * H + 2 * 2 * T * keys * H + 2 * T * H * H + ffn
+    return float(total)
 
 
 def head_flops(config: BertConfig, seq_len: float, masked_per_seq: float, task: str, num_labels: int = 2) -> float:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.config import BertConfig
-from bertforge.model.dropout import Dropout
+from bertforge.model.dropout import Dropout, fast_dropout_usable
 
 
 @dataclass
@@ -39,7 +39,8 @@ class ModelOutput:
     mlm_loss: torch.Tensor | None = None
     nsp_loss: torch.Tensor | None = None
     mlm_logits: torch.Tensor | None = None
-    """(B*P, V) at the masked slots; (B, T, V) on the dense reference path."""
+    """(B*P, V) at the masked slots; (n, V) at the n real slots only when training with labels in eager mode on
+    CPU; (B, T, V) on the dense reference path."""
     nsp_logits: torch.Tensor | None = None
     """(B*K, 2), one row per [CLS] slot."""
     mlm_correct: torch.Tensor | None = None
@@ -64,13 +65,20 @@ class ModelOutput:
 Batch = dict[str, Any]
 
 
-class _Transform(nn.Module):
-    """`transform.dense` and `transform.LayerNorm` of the MLM head (the activation between them has no weights)."""
+class Transform(nn.Module):
+    """LayerNorm(act(dense(x))): BERT's MLM `transform`, and ModernBERT's prediction head (`head`), which
+    ModernBERT puts first in every task head (its biases and activation from the config's ModernBERT fields)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        bias = config.classifier_bias if config.modern else True
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
+        self.act = ACTIVATIONS[config.classifier_activation if config.modern else config.hidden_act]
+        norm_bias = config.norm_bias if config.modern else True
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=norm_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
 
 
 class PredictionHead(nn.Module):
@@ -78,13 +86,12 @@ class PredictionHead(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.transform = _Transform(config)
-        self.act = ACTIVATIONS[config.hidden_act]
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.transform = Transform(config)
+        has_bias = config.decoder_bias or not config.modern
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size)) if has_bias else None
 
     def forward(self, x: torch.Tensor, decoder_weight: torch.Tensor) -> torch.Tensor:
-        x = self.transform.LayerNorm(self.act(self.transform.dense(x)))
-        return F.linear(x, decoder_weight, self.bias)  # (..., V)
+        return F.linear(self.transform(x), decoder_weight, self.bias)  # (..., V)
 
 
 class PreTrainingHeads(nn.Module):
@@ -123,14 +130,19 @@ class PreTrainingHeads(nn.Module):
             return out
         B, P = masked_positions.shape
         H = seq.shape[-1]
-        x = seq.gather(1, masked_positions[:, :, None].expand(B, P, H))  # (B, P, H): gather first
-        logits = self.predictions(x.reshape(B * P, H), decoder_weight)  # (B*P, V)
-        out = {"mlm_logits": logits}
-        if masked_labels is not None:
-            valid = masked_positions.reshape(-1) != 0  # (B*P,) slot 0 = empty (position 0 is [CLS])
-            target = masked_labels.reshape(-1).masked_fill(~valid, -100)
-            out.update(_slot_scores("mlm", logits, target, valid, -100))
-        return out
+        x = seq.gather(1, masked_positions[:, :, None].expand(B, P, H)).reshape(B * P, H)  # gather first
+        valid = masked_positions.reshape(-1) != 0  # (B*P,) slot 0 = empty (position 0 is [CLS])
+        if masked_labels is None:
+            return {"mlm_logits": self.predictions(x, decoder_weight)}  # (B*P, V)
+        target = masked_labels.reshape(-1).masked_fill(~valid, -100)
+        if self.training and fast_dropout_usable(x):
+            # training in eager mode on CPU (the condition of the cheap dropout mask: a data-dependent shape costs
+            # no device sync and no graph break there): only the n real slots reach the vocabulary projection,
+            # the largest matmul; rows of varied length leave many slots empty
+            keep = valid.nonzero().squeeze(1)  # (n,)
+            x, valid, target = x.index_select(0, keep), valid[keep], target[keep]
+        logits = self.predictions(x, decoder_weight)  # (B*P, V), or (n, V) when compacted
+        return {"mlm_logits": logits, **_slot_scores("mlm", logits, target, valid, -100)}
 
     def _nsp(self, seq, nsp_positions, nsp_labels, pooler) -> dict[str, torch.Tensor]:
         B, _, H = seq.shape
@@ -150,23 +162,33 @@ def _slot_scores(name: str, logits, target, valid, ignore_index: int) -> dict[st
     """Loss (mean over the real slots), count and correct predictions of (N, C) logits at N slots."""
     count = valid.sum()
     # sum / count (not mean) so a batch with no real slot gives 0, not NaN
-    ce = F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="sum")
-    return {
-        f"{name}_loss": ce / count.clamp(min=1),
-        f"{name}_count": count,
-        f"{name}_correct": ((logits.argmax(-1) == target) & valid).sum(),
-    }
+    logits32 = logits.float()
+    ce = F.cross_entropy(logits32, target, ignore_index=ignore_index, reduction="sum")
+    # argmax of the fp32 copy (the same values): CPU's bf16 argmax is ~6x slower, 0.6 s on a (2.5k, 50k) batch
+    correct = (logits32.detach().argmax(-1) == target) & valid
+    return {f"{name}_loss": ce / count.clamp(min=1), f"{name}_count": count, f"{name}_correct": correct.sum()}
+
+
+def _modern_head(config: BertConfig) -> tuple[nn.Module | None, nn.Module]:
+    """ModernBERT's task heads start with the prediction head (`head`: dense, act, norm) and dropout; BERT's
+    have neither (None, identity)."""
+    if not config.modern:
+        return None, nn.Identity()
+    return Transform(config), Dropout(config.hidden_dropout_prob)
 
 
 class SpanHead(nn.Linear):
-    """`qa_outputs`: start and end logits of the answer span from every token."""
+    """`qa_outputs`: start and end logits of the answer span from every token (ModernBERT: after its `head`)."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config.hidden_size, 2)
+        self.head, self.drop = _modern_head(config)
 
     # the head is the bare Linear Hugging Face names `qa_outputs` (its weight/bias keys and BERT's Linear init
     # apply to it) and takes the head interface as its forward: a deliberate break of Linear.forward's signature
     def forward(self, seq: torch.Tensor, batch: Batch) -> ModelOutput:  # type: ignore[override]
+        if self.head is not None:
+            seq = self.drop(self.head(seq))  # (B, T, H)
         start, end = super().forward(seq).unbind(-1)  # (B, T, 2) -> 2 x (B, T)
         loss = None
         if batch["start_positions"] is not None and batch["end_positions"] is not None:
@@ -193,18 +215,23 @@ def _token_loss(logits, labels):  # logits (B, T, L), labels (B, T), -100 = igno
 
 class Classifier(nn.Linear):
     """`classifier`: dropout then a linear layer, on the pooled [CLS] vector (`pooled`, sequence tasks) or on
-    every token; `loss_fn(logits, labels)` scores it."""
+    every token; `loss_fn(logits, labels)` scores it. ModernBERT pools by `classifier_pooling` (first token or
+    mean of the real tokens) and runs its `head` where BERT runs the tanh pooler."""
 
     def __init__(self, config: BertConfig, num_labels: int, loss_fn: Callable, pooled: bool):
         super().__init__(config.hidden_size, num_labels)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.loss_fn, self.pooled = loss_fn, pooled
+        self.head, _ = _modern_head(config)
+        self.mean_pool = config.modern and config.classifier_pooling == "mean"
 
     # as SpanHead: the Linear Hugging Face names `classifier`, with the head interface as its forward
     def forward(  # type: ignore[override]
         self, seq: torch.Tensor, batch: Batch, *, pooler: nn.Module | None = None
     ) -> ModelOutput:
-        if not self.pooled:
+        if self.head is not None:
+            x = self.head(self._pool(seq, batch["attention_mask"]) if self.pooled else seq)  # (B, H) / (B, T, H)
+        elif not self.pooled:
             x = seq  # (B, T, H)
         elif pooler is None:
             raise ValueError("a pooled classifier needs the encoder's pooler (TaskHead.inputs names it)")
@@ -213,6 +240,14 @@ class Classifier(nn.Linear):
         logits = super().forward(self.dropout(x))  # (B, L) or (B, T, L)
         loss = None if batch["labels"] is None else self.loss_fn(logits, batch["labels"])
         return ModelOutput(loss=loss, logits=logits)
+
+    def _pool(self, seq: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(B, T, H) -> (B, H): the first token, or the mean over the real tokens (HF ModernBERT)."""
+        if not self.mean_pool:
+            return seq[:, 0]
+        real = (attention_mask != 0) if attention_mask is not None else seq.new_ones(seq.shape[:2], dtype=torch.bool)
+        w = real.to(seq.dtype)[..., None]  # (B, T, 1)
+        return (seq * w).sum(1) / w.sum(1)
 
 
 # ------------------------------------------------------------------------------------------- table
@@ -230,6 +265,12 @@ class TaskHead:
     """The same for RoBERTa (None: transformers has none, e.g. no NSP head)."""
     fixed_labels: int | None = None
     """Number of outputs when the task fixes it (regression: 1)."""
+    hf_modernbert: str | None = None
+    """The same for ModernBERT (None: no such head, e.g. NSP)."""
+
+    def hf_class(self, model_type: str) -> str | None:
+        """The `transformers` class holding this head's weights for a model type."""
+        return {"bert": self.hf_bert, "roberta": self.hf_roberta, "modernbert": self.hf_modernbert}[model_type]
 
     @property
     def pooler(self) -> bool:
@@ -242,10 +283,20 @@ TASK_HEADS: dict[str, TaskHead] = {
         "cls", lambda c, n: PreTrainingHeads(c, nsp=True), ("decoder_weight", "pooler"), "BertForPreTraining", None
     ),
     "mlm": TaskHead(
-        "cls", lambda c, n: PreTrainingHeads(c, nsp=False), ("decoder_weight",), "BertForMaskedLM", "RobertaForMaskedLM"
+        "cls",
+        lambda c, n: PreTrainingHeads(c, nsp=False),
+        ("decoder_weight",),
+        "BertForMaskedLM",
+        "RobertaForMaskedLM",
+        hf_modernbert="ModernBertForMaskedLM",
     ),
     "qa": TaskHead(
-        "qa_outputs", lambda c, n: SpanHead(c), (), "BertForQuestionAnswering", "RobertaForQuestionAnswering"
+        "qa_outputs",
+        lambda c, n: SpanHead(c),
+        (),
+        "BertForQuestionAnswering",
+        "RobertaForQuestionAnswering",
+        hf_modernbert="ModernBertForQuestionAnswering",
     ),
     "classification": TaskHead(
         "classifier",
@@ -253,6 +304,7 @@ TASK_HEADS: dict[str, TaskHead] = {
         ("pooler",),
         "BertForSequenceClassification",
         "RobertaForSequenceClassification",
+        hf_modernbert="ModernBertForSequenceClassification",
     ),
     "regression": TaskHead(
         "classifier",
@@ -261,6 +313,7 @@ TASK_HEADS: dict[str, TaskHead] = {
         "BertForSequenceClassification",
         "RobertaForSequenceClassification",
         fixed_labels=1,
+        hf_modernbert="ModernBertForSequenceClassification",
     ),
     "token_classification": TaskHead(
         "classifier",
@@ -268,5 +321,6 @@ TASK_HEADS: dict[str, TaskHead] = {
         (),
         "BertForTokenClassification",
         "RobertaForTokenClassification",
+        hf_modernbert="ModernBertForTokenClassification",
     ),
 }

@@ -1,5 +1,5 @@
-"""Hugging Face checkpoint interop (DESIGN §3.7): load BERT / RoBERTa directories, save directories that
-`transformers`' Auto classes load with identical outputs.
+"""Hugging Face checkpoint interop (DESIGN §3.7): load BERT / RoBERTa / ModernBERT directories, save directories
+that `transformers`' Auto classes load with identical outputs.
 
 One declarative name map (`NAME_MAP`): per model type, (our prefix, Hugging Face prefix, tasks) rows. Inside
 encoder layers the only renaming is the fused QKV projection (`attention.qkv` <-> `attention.self.{query,key,
@@ -17,6 +17,12 @@ DeepLearningExamples / Habana checkpoints (`{"model": state_dict}` in a `.pt`/`.
 or `model.`, TF-era `gamma`/`beta` LayerNorm names, the vocab padded to a multiple of 8: 30522 -> 30528, in
 which case the model keeps the padded rows), and encoder-only checkpoints without the `bert.` prefix
 (`BertModel`, e.g. sentence-transformers' all-MiniLM-L6-v2).
+
+ModernBERT (`ModernBertModel`, `...ForMaskedLM`, `...ForSequenceClassification`, `...ForQuestionAnswering`,
+`...ForTokenClassification`): our encoder modules carry its names, so its rows are prefix renames
+(`model.` <-> `bert.`); its config.json spells some fields differently (`MODERN_RENAMES`) and gives the layer
+pattern and rotary bases as `layer_types` / `rope_parameters` (older files: `global_attn_every_n_layers`,
+`global_rope_theta`, `local_rope_theta`; both are read and both are written).
 """
 
 from __future__ import annotations
@@ -29,15 +35,16 @@ from typing import Any
 
 import torch
 
-from bertforge.errors import UserError, first_line
+from bertforge.errors import ConfigError, UserError, first_line
 from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.bert import BertForTask, build_model
-from bertforge.model.config import BertConfig
+from bertforge.model.config import MODEL_PRESETS, MODEL_TYPES, BertConfig
 from bertforge.model.heads import TASK_HEADS
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime.io import atomic_dir
 
 _SEQ = ("classification", "regression")
+_CLS = ("classification", "regression", "token_classification")
 
 # (our prefix, Hugging Face prefix, tasks this row applies to (None = all)); first match wins, so more
 # specific Hugging Face prefixes come first.
@@ -64,49 +71,120 @@ NAME_MAP: dict[str, list[tuple[str, str, tuple[str, ...] | None]]] = {
         ("cls.predictions.bias", "lm_head.bias", None),
         ("qa_outputs.", "qa_outputs.", None),
     ],
+    # ModernBERT's modules carry Hugging Face's names inside the encoder; every task head of it starts with the
+    # prediction head `head` (dense, norm), which is our MLM `transform` or the `head` inside the task's module
+    "modernbert": [
+        ("bert.embeddings.", "model.embeddings.", None),
+        ("bert.encoder.layer.", "model.layers.", None),
+        ("bert.final_norm.", "model.final_norm.", None),
+        ("cls.predictions.transform.dense.", "head.dense.", ("mlm",)),
+        ("cls.predictions.transform.LayerNorm.", "head.norm.", ("mlm",)),
+        ("cls.predictions.bias", "decoder.bias", ("mlm",)),  # saving only: loading takes it as the tied decoder's
+        ("qa_outputs.head.dense.", "head.dense.", ("qa",)),
+        ("qa_outputs.head.LayerNorm.", "head.norm.", ("qa",)),
+        ("qa_outputs.", "classifier.", ("qa",)),
+        ("classifier.head.dense.", "head.dense.", _CLS),
+        ("classifier.head.LayerNorm.", "head.norm.", _CLS),
+        ("classifier.", "classifier.", _CLS),
+    ],
 }
 # Keys that are known and carry nothing to load: tied copies (checked), buffers, RoBERTa's unused pooler.
-TIED_DECODER = {"bert": "cls.predictions.decoder.", "roberta": "lm_head.decoder."}
+TIED_DECODER = {"bert": "cls.predictions.decoder.", "roberta": "lm_head.decoder.", "modernbert": "decoder."}
+# Hugging Face's word-embedding key per model type (after `normalise_keys`)
+WORD_KEY = {
+    "bert": "bert.embeddings.word_embeddings.weight",
+    "roberta": "roberta.embeddings.word_embeddings.weight",
+    "modernbert": "model.embeddings.tok_embeddings.weight",
+}
+BASE_PREFIX = {"bert": "bert.", "roberta": "roberta.", "modernbert": "model."}
+# the encoder's own top-level modules, prefixed with BASE_PREFIX in checkpoints saved from the bare encoder
+_BARE = ("embeddings.", "encoder.", "pooler.", "layers.", "final_norm.")
 BUFFERS = re.compile(r"\.(position_ids|token_type_ids)$")  # non-persistent in new transformers, saved by old
 OTHER_HEADS = {  # heads of other tasks: ignored when the model being loaded has no such module
     "bert": re.compile(r"^(bert\.pooler|classifier|cls|qa_outputs)\."),
     "roberta": re.compile(r"^(roberta\.pooler|classifier|lm_head|qa_outputs)\."),
+    "modernbert": re.compile(r"^(head|classifier)\."),
 }
 _QKV = re.compile(r"^(.*\.layer\.\d+\.attention\.)self\.(query|key|value)\.(weight|bias)$")
 _OUR_QKV = re.compile(r"^(.*\.layer\.\d+\.attention\.)qkv\.(weight|bias)$")
-_ENCODER = ("bert.embeddings.", "bert.encoder.")
+_ENCODER = ("bert.embeddings.", "bert.encoder.", "bert.final_norm.")
+# ModernBERT config.json names of BertConfig fields (the rest are spelled alike). HF has three dropout rates
+# where we have two: the hidden one is written to embedding_dropout, mlp_dropout and classifier_dropout.
+MODERN_RENAMES = {
+    "hidden_act": "hidden_activation",
+    "layer_norm_eps": "norm_eps",
+    "hidden_dropout_prob": "mlp_dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+}
 
 
 # ------------------------------------------------------------------------------------------- config
 def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConfig:
     """A Hugging Face config dict -> BertConfig (unknown keys are ignored; unsupported variants are errors)."""
     model_type = raw.get("model_type", "bert")
-    if model_type not in ("bert", "roberta"):
-        raise UserError(f"{source}: model_type {model_type!r} is not supported; bertforge loads bert and roberta")
+    if model_type not in MODEL_TYPES:
+        raise UserError(
+            f"{source}: model_type {model_type!r} is not supported; bertforge loads {', '.join(MODEL_TYPES)}"
+        )
+    if model_type == "modernbert":
+        raw = _modern_from_hf(raw, source)
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise UserError(
             f"{source}: position_embedding_type {raw['position_embedding_type']!r} is not supported (only absolute)"
         )
-    if raw.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise UserError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported; one of {', '.join(ACTIVATIONS)}")
+    for key in ("hidden_act", "classifier_activation"):
+        if raw.get(key, "gelu") not in ACTIVATIONS:
+            raise UserError(f"{source}: {key} {raw[key]!r} is not supported; one of {', '.join(ACTIVATIONS)}")
     fields = BertConfig.__dataclass_fields__
     kw = {k: raw[k] for k in fields if k in raw and raw[k] is not None}
     kw["model_type"] = model_type
     if model_type == "roberta":
         kw.setdefault("pad_token_id", 1)
         kw.setdefault("layer_norm_eps", 1e-5)
-    return BertConfig(**kw)
+    if model_type == "modernbert":  # HF ModernBertConfig's defaults where config.json leaves a field out
+        kw = {**dict(MODEL_PRESETS["modernbert-base"].defaults), "intermediate_size": 1152, "pad_token_id": 50283, **kw}
+    try:
+        return BertConfig(**kw)
+    except ConfigError as e:
+        raise UserError(f"{source}: {e}") from None
+
+
+def _modern_from_hf(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """ModernBertConfig keys -> BertConfig's: renamed fields, the layer pattern and the two rotary bases,
+    from either the current format (layer_types, rope_parameters) or the original one (global_attn_every_n_layers,
+    global_rope_theta, local_rope_theta)."""
+    # a field given under our name (load_pretrained's config_overrides) wins over the checkpoint's HF name
+    out = {**raw, **{ours: raw[hf] for ours, hf in MODERN_RENAMES.items() if hf in raw and ours not in raw}}
+    types = raw.get("layer_types")
+    if types:
+        n = next((i for i, t in enumerate(types) if i and t == "full_attention"), len(types))
+        expected = ["sliding_attention" if i % n else "full_attention" for i in range(len(types))]
+        if list(types) != expected:
+            raise UserError(f"{source}: layer_types {types} is not a global layer every N layers; not supported")
+        out["global_attn_every_n_layers"] = n
+    rope = raw.get("rope_parameters") or {}
+    for kind, field in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+        params = rope.get(kind) or {}
+        if params.get("rope_type", "default") != "default":
+            raise UserError(f"{source}: rope_type {params['rope_type']!r} is not supported (only default rope)")
+        if "rope_theta" in params:
+            out[field] = params["rope_theta"]
+    return out
 
 
 def config_to_hf(config: BertConfig, task: str, num_labels: int) -> dict[str, Any]:
     spec = TASK_HEADS[task]
-    arch = spec.hf_roberta if config.model_type == "roberta" else spec.hf_bert
     out: dict[str, Any] = {
-        "architectures": [arch],
+        "architectures": [spec.hf_class(config.model_type)],
         **config.to_dict(),
         "tie_word_embeddings": True,
-        "position_embedding_type": "absolute",
     }
+    if config.model_type == "modernbert":
+        for key in (*MODERN_RENAMES, "type_vocab_size"):  # written under ModernBertConfig's names, or unused
+            out.pop(key)
+        out.update(_modern_to_hf(config))
+    else:
+        out["position_embedding_type"] = "absolute"
     if config.model_type == "roberta":
         out.update(bos_token_id=0, eos_token_id=2)
     if task in ("classification", "regression", "token_classification"):
@@ -117,6 +195,24 @@ def config_to_hf(config: BertConfig, task: str, num_labels: int) -> dict[str, An
             out["problem_type"] = "regression"
         elif task == "classification":
             out["problem_type"] = "single_label_classification"
+    return out
+
+
+def _modern_to_hf(config: BertConfig) -> dict[str, Any]:
+    """ModernBertConfig spellings (both the current layer_types/rope_parameters and the original keys, so
+    transformers versions from 4.48 on read it); the special-token ids belong to the tokenizer, not to us."""
+    out = {hf: getattr(config, ours) for ours, hf in MODERN_RENAMES.items()}
+    rope = {"full_attention": config.global_rope_theta, "sliding_attention": config.local_rope_theta}
+    out.update(
+        embedding_dropout=config.hidden_dropout_prob,
+        classifier_dropout=config.hidden_dropout_prob,
+        layer_types=config.layer_types,
+        rope_parameters={k: {"rope_type": "default", "rope_theta": v} for k, v in rope.items()},
+        bos_token_id=None,
+        eos_token_id=None,
+        cls_token_id=None,
+        sep_token_id=None,
+    )
     return out
 
 
@@ -157,14 +253,14 @@ def _weights_file(path: Path) -> Path:
 def normalise_keys(sd: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
     """Strip DDP/wrapper prefixes, rename TF-era gamma/beta, prefix bare encoder keys with bert./roberta."""
     out = {}
-    base = "roberta." if model_type == "roberta" else "bert."
+    base = BASE_PREFIX[model_type]
     for key, value in sd.items():
         k = key
-        while k.startswith(("module.", "model.", "_orig_mod.")):
+        while k.startswith(("module.", "model.", "_orig_mod.")):  # ModernBERT's own model. comes back below
             k = k.split(".", 1)[1]
         k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", k)
         k = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", k)
-        if k.startswith(("embeddings.", "encoder.", "pooler.")):
+        if k.startswith(_BARE):
             k = base + k
         if k in out:
             raise UserError(f"checkpoint key {key!r} collides with another key after normalisation ({k!r})")
@@ -233,7 +329,7 @@ def load_pretrained(
 
 
 def _word_rows(sd, model_type, source) -> int | None:
-    key = ("roberta." if model_type == "roberta" else "bert.") + "embeddings.word_embeddings.weight"
+    key = WORD_KEY[model_type]
     return sd[key].shape[0] if key in sd else None
 
 
@@ -270,7 +366,7 @@ def load_hf_state_dict(
             missing = sorted({"query", "key", "value"} - set(parts))
             raise UserError(f"{source}: {name} is missing its {', '.join(missing)} part(s)")
         loaded[name] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)  # (3H, H) / (3H,)
-    word = loaded.get("bert.embeddings.word_embeddings.weight")
+    word = loaded.get(hf_to_ours(WORD_KEY[mt], mt, task) or "")
     if "weight" in tied and word is not None and not torch.equal(tied["weight"], word):
         raise UserError(
             f"{source}: the MLM decoder weight differs from the word embeddings; bertforge ties "
@@ -333,8 +429,10 @@ def save_pretrained(
     if task != model.task:
         raise UserError(f"save_pretrained: the model was built for task {model.task!r}, not {task!r}")
     spec = TASK_HEADS[task]
-    if config.model_type == "roberta" and spec.hf_roberta is None:
-        raise UserError(f"transformers has no RoBERTa class for task {task!r} (no NSP head); save task mlm instead")
+    if spec.hf_class(config.model_type) is None:
+        raise UserError(
+            f"transformers has no {config.model_type} class for task {task!r} (no NSP head); save task mlm instead"
+        )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(path) as tmp:  # an older save is swapped out only once this one is complete

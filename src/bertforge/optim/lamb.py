@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 # Names that get no weight decay (Google BERT `exclude_from_weight_decay`, NVIDIA's `no_decay` list; "gamma"
-# and "beta" are the TF LayerNorm names that converted checkpoints keep).
-NO_DECAY_KEYS = ("bias", "gamma", "beta", "LayerNorm", "layer_norm")
+# and "beta" are the TF LayerNorm names that converted checkpoints keep; "norm." is ModernBERT's norms,
+# embeddings.norm / attn_norm / mlp_norm / final_norm).
+NO_DECAY_KEYS = ("bias", "gamma", "beta", "LayerNorm", "layer_norm", "norm.")
 
 
 def param_groups(

@@ -151,12 +151,14 @@ def check_fits(loader, shards: ShardSet | None, bert_cfg) -> None:
 def build_bert_config(cfg: PretrainConfig, vocab_size: int):
     from bertforge.model.config import BertConfig
 
+    theta = cfg.model.global_rope_theta  # ModernBERT presets only (validated): None keeps the preset's
     return BertConfig.from_preset(
         cfg.model.preset,
         vocab_size=vocab_size,
         max_position_embeddings=cfg.model.max_position_embeddings,
         hidden_dropout_prob=cfg.model.hidden_dropout,
         attention_probs_dropout_prob=cfg.model.attention_dropout,
+        **({} if theta is None else {"global_rope_theta": theta}),
     )
 
 
