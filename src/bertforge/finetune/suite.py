@@ -358,7 +358,7 @@ def run_suite(
 
 
 def write_outputs(out: Path, results: Sequence[dict[str, Any]], table: dict[str, Any]) -> None:
-    md = markdown_table(table, Path(table.get("model", "model")).name)
+    md = markdown_table(table, "/".join(Path(table.get("model", "model")).parts[-2:]))  # e.g. runs/best
     write_text(out / "glue_results.md", md)
     write_text(out / "glue_results.json", json.dumps({**table, "runs": list(results)}, indent=1))
     plot_table(results, table, out / "glue_results.png")
