@@ -30,6 +30,29 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "bertforge-cache"))
 
 
+@pytest.fixture(scope="session")
+def tiny_encoder_factory(tmp_path_factory):
+    """make(words) -> a directory holding a tiny random pre-trained BERT (bertforge's own writer, Hugging Face
+    format) with a word-level vocab.txt of the special tokens, "." and `words`."""
+
+    def make(words) -> Path:
+        import torch
+
+        from bertforge.model import build_model
+        from bertforge.model.config import BertConfig
+        from bertforge.model.hf_interop import save_pretrained
+
+        d = tmp_path_factory.mktemp("encoder")
+        vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *words]
+        config = BertConfig.from_preset("tiny", vocab_size=len(vocab), max_position_embeddings=64)
+        torch.manual_seed(0)
+        save_pretrained(build_model(config, "pretraining"), config, d, "pretraining")
+        (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        return d
+
+    return make
+
+
 @pytest.fixture
 def tiny_corpus(tmp_path) -> Path:
     """A few documents of plain English, one sentence per line, a blank line between documents."""

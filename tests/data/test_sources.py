@@ -247,3 +247,24 @@ def test_cli_wiki_and_vocab_from(tmp_path, shared_data, capsys):
     from bertforge.data.vocab import load_tokenizer
 
     assert load_tokenizer(tmp_path / "v").encode("Hello there").tokens == ["[CLS]", "hello", "there", "[SEP]"]
+
+
+@pytest.mark.parametrize("suffix", [".xz", ".gz", ".bz2"])
+def test_compressed_text_reads_like_plain(tmp_path, suffix):
+    """One paragraph per line, a blank line between documents (shared/corpus's format), compressed."""
+    import bz2
+    import gzip
+    import lzma
+
+    text = "First paragraph of doc one.\nSecond paragraph, é.\n\n\nDoc two only paragraph.\n"
+    plain = tmp_path / "c.txt"
+    plain.write_text(text, encoding="utf-8")
+    packed = tmp_path / f"c.txt{suffix}"
+    packed.write_bytes({".xz": lzma, ".gz": gzip, ".bz2": bz2}[suffix].compress(text.encode()))
+    docs = list(sources.iter_source(str(packed)))
+    assert [d for _, d in docs] == [d for _, d in sources.iter_source(str(plain))]
+    assert [d for _, d in docs] == ["First paragraph of doc one.\nSecond paragraph, é.\n", "Doc two only paragraph.\n"]
+    cut = tmp_path / f"cut.txt{suffix}"
+    cut.write_bytes(packed.read_bytes()[: len(packed.read_bytes()) // 2])
+    with pytest.raises(UserError, match="not a complete"):
+        list(sources.iter_source(str(cut)))

@@ -6,25 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 WORDS = ["good", "bad", "fine", "awful", "great", "poor", "nice", "dull", "film", "plot", "actor", "scene"]
 
 
 @pytest.fixture(scope="session")
-def encoder(tmp_path_factory) -> Path:
-    """A tiny random pre-trained BERT (our own writer) with a word-level vocab.txt."""
-    from bertforge.model import build_model
-    from bertforge.model.config import BertConfig
-    from bertforge.model.hf_interop import save_pretrained
-
-    d = tmp_path_factory.mktemp("encoder")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *WORDS]
-    config = BertConfig.from_preset("tiny", vocab_size=len(vocab), max_position_embeddings=64)
-    torch.manual_seed(0)
-    save_pretrained(build_model(config, "pretraining"), config, d, "pretraining")
-    (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    return d
+def encoder(tiny_encoder_factory) -> Path:
+    """A tiny random pre-trained BERT (our own writer) with a word-level vocab.txt of WORDS."""
+    return tiny_encoder_factory(WORDS)
 
 
 def _sst2(path: Path, n: int) -> Path:

@@ -8,7 +8,8 @@ Sources (`SOURCE` of `bertforge data docs --source`, or `--dump` of `data wiki`)
   `bertforge data wiki` reads dumps in parallel chunks instead (`wikidump`, `documents.run_wiki`).
 - a WikiExtractor output directory (files of `<doc id=... title=...>` ... `</doc>` blocks; the first line of
   a block is the title and is dropped).
-- text files and globs: a blank line ends a document (or `one_doc_per_file`). A file in WikiText's raw
+- text files and globs: a blank line ends a document (or `one_doc_per_file`); `.xz`, `.gz` and `.bz2` text
+  files (not dumps) are decompressed as they are read, never whole in memory. A file in WikiText's raw
   format (first non-blank line ` = Title = `) is read as WikiText: a top-level ` = Title = ` heading starts
   a new document, ` = = Section = = ` headings are dropped, WikiText's `@-@`, `@,@`, `@.@` joiners are undone.
 - `hf:NAME[:CONFIG]`: a Hugging Face dataset; a local directory saved with `save_to_disk` or a local data
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import bz2
 import glob
+import gzip
 import io
+import lzma
 import os
 import re
 import xml.etree.ElementTree as ET
@@ -67,10 +70,28 @@ def iter_source(source: str, one_doc_per_file: bool = False) -> Iterator[Doc]:
 
 
 # ------------------------------------------------------------------------------------------- text files
+# a compressed text file's suffix -> its streaming opener (text mode)
+_COMPRESSED = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
+# what a cut-off or corrupt compressed file raises while it is read
+_DECOMPRESS_ERRORS = (lzma.LZMAError, gzip.BadGzipFile, EOFError, OSError)
+
+
+def open_text(path: Path, errors: str = "strict") -> io.TextIOBase:
+    """A text file for reading as UTF-8, decompressed on the fly when it ends in .xz, .gz or .bz2."""
+    opener = _COMPRESSED.get(path.suffix.lower())
+    if opener is None:
+        return open(path, encoding="utf-8", errors=errors)
+    return opener(path, "rt", encoding="utf-8", errors=errors)  # type: ignore[operator]
+
+
 def _read_text(path: Path) -> Iterator[str]:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_text(path) as f:
             yield from f
+    except _DECOMPRESS_ERRORS as e:
+        if isinstance(e, FileNotFoundError) or path.suffix.lower() not in _COMPRESSED:
+            raise
+        raise UserError(f"{path} is not a complete {path.suffix} file ({type(e).__name__}: {e})") from None
     except UnicodeDecodeError as e:
         raise UserError(
             f"{path} is not valid UTF-8 (byte {e.start}: {e.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
@@ -79,11 +100,11 @@ def _read_text(path: Path) -> Iterator[str]:
 
 def _is_wikitext(path: Path) -> bool:
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open_text(path, errors="replace") as f:
             for line in f:
                 if line.strip():
                     return bool(WIKITEXT_HEADING.match(line.rstrip("\n")))
-    except OSError:
+    except _DECOMPRESS_ERRORS:  # unreadable: _read_text says why
         return False
     return False
 

@@ -14,7 +14,12 @@ from bertforge.errors import UserError
 def finetune_add(p: argparse.ArgumentParser) -> None:
     from bertforge.finetune.runner import ALL_TASKS
 
-    p.add_argument("--task", required=True, choices=ALL_TASKS, help="what to fine-tune on")
+    p.add_argument(
+        "--task",
+        required=True,
+        choices=ALL_TASKS + ("glue",),
+        help="what to fine-tune on; glue: every GLUE task in --glue-dir, over --seeds and --lrs (the GLUE table)",
+    )
     p.add_argument(
         "--model",
         required=True,
@@ -45,8 +50,20 @@ def finetune_add(p: argparse.ArgumentParser) -> None:
         "--overwrite",
         action="store_true",
         help="the output dir holds best/ of another task or model: delete it (and interrupted/) and start afresh "
-        "(without it such a directory is refused)",
+        "(without it such a directory is refused); --task glue: re-run results another model or recipe wrote",
     )
+    p.add_argument("--epochs", type=float, help="shortcut for --set train.epochs=N")
+    g = p.add_argument_group("GLUE suite (--task glue)")
+    g.add_argument("--seeds", default="42", help="comma-separated fine-tuning seeds per task and lr (default 42)")
+    g.add_argument("--lrs", help="comma-separated learning-rate grid; per task the best median over seeds is kept")
+    g.add_argument("--tasks", help="comma-separated GLUE tasks to run (default: every task present in --glue-dir)")
+    g.add_argument(
+        "--max-train-examples",
+        type=int,
+        default=0,
+        help="train each task on a seeded random subset of this many rows (a CPU-sized run; 0: all)",
+    )
+    g.add_argument("--keep-models", action="store_true", help="keep every run's best/ model (deleted by default)")
 
 
 def finetune_run(args: argparse.Namespace) -> int:
@@ -55,7 +72,11 @@ def finetune_run(args: argparse.Namespace) -> int:
     from bertforge.finetune.runner import SQUAD_TASKS, FinetuneRun, run_finetune
     from bertforge.runtime.preempt import Preempted
 
+    if args.task == "glue":
+        return _suite_run(args)
+    _refuse_suite_flags(args)
     overrides = list(args.set) + ([f"train.output_dir={args.output_dir}"] if args.output_dir else [])
+    overrides += [f"train.epochs={args.epochs}"] if args.epochs else []
     preset = args.config or ("squad_base_384" if args.task in SQUAD_TASKS else "glue_default")
     cfg = load_config("finetune", preset, overrides)
     train, devs = args.train_file, list(args.dev_file)
@@ -79,6 +100,59 @@ def finetune_run(args: argparse.Namespace) -> int:
         return e.exit_code
     best = {k: v for k, v in summary["best"].items() if isinstance(v, (int, float))}
     print(json.dumps({"best": best, "output_dir": cfg.train.output_dir}))
+    return 0
+
+
+def _split(text: str | None, cast, flag: str) -> list:
+    try:
+        return [cast(x) for x in (text or "").split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected a comma-separated list of {cast.__name__} values") from None
+
+
+def _refuse_suite_flags(args: argparse.Namespace) -> None:
+    given = [
+        flag
+        for flag, value, default in (
+            ("--seeds", args.seeds, "42"),
+            ("--lrs", args.lrs, None),
+            ("--tasks", args.tasks, None),
+            ("--max-train-examples", args.max_train_examples, 0),
+            ("--keep-models", args.keep_models, False),
+        )
+        if value != default
+    ]
+    if given:
+        raise UserError(f"{', '.join(given)} belong to --task glue (the GLUE suite); --task {args.task} is one run")
+
+
+def _suite_run(args: argparse.Namespace) -> int:
+    from bertforge.finetune.suite import SuiteOptions, run_suite
+
+    if not args.glue_dir:
+        raise UserError("--task glue needs --glue-dir (a glue_data directory with <TASK>/train.tsv and dev files)")
+    if args.train_file or args.dev_file or args.dataset or args.eval_only:
+        raise UserError(
+            "--task glue reads --glue-dir only; --train-file/--dev-file/--dataset/--eval-only are for one task"
+        )
+    if args.max_train_examples < 0:
+        raise UserError(f"--max-train-examples must be >= 0, got {args.max_train_examples}")
+    opts = SuiteOptions(
+        glue_dir=args.glue_dir,
+        model=args.model,
+        output_dir=args.output_dir or "runs/glue",
+        seeds=_split(args.seeds, int, "--seeds"),
+        lrs=_split(args.lrs, float, "--lrs"),
+        tasks=[t.lower().replace("-", "") for t in _split(args.tasks, str, "--tasks")],
+        max_train_examples=args.max_train_examples,
+        epochs=args.epochs,
+        config=args.config or "glue_default",
+        overrides=list(args.set),
+        keep_models=args.keep_models,
+        overwrite=args.overwrite,
+    )
+    table = run_suite(opts)
+    print(json.dumps({"average": table["average"], "output_dir": opts.output_dir}))
     return 0
 
 

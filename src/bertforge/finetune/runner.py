@@ -75,6 +75,9 @@ class FinetuneRun:
     eval_only: bool = False
     overwrite: bool = False
     """Delete an earlier run's best/ and interrupted/ in train.output_dir instead of refusing a different one."""
+    task_data: TaskData | None = None
+    """Tokenized rows built earlier (`glue_task_data`) for the same task, tokenizer and max_seq_len: the GLUE
+    suite reuses them over seeds and learning rates instead of tokenizing again."""
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -257,7 +260,8 @@ def _squad_task(
     return TaskData("qa", 2, train, evals, ("start_logits", "end_logits"), "f1")
 
 
-def _glue_task(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
+def glue_task_data(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
+    """A GLUE task's training and dev rows, tokenized, and its scorers."""
     spec = glue.get_task(run.task)
     train_ex: glue.GlueExamples | None = None
     dev_ex: list[tuple[str, glue.GlueExamples]] = []
@@ -413,10 +417,10 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
 
     t_setup = time.perf_counter()
     tokenizer = load_tokenizer(run.model)
-    task = (
+    task = run.task_data or (
         _squad_task(run, cfg.task, tokenizer, out_dir, say)
         if run.task in SQUAD_TASKS
-        else _glue_task(run, cfg.task, tokenizer)
+        else glue_task_data(run, cfg.task, tokenizer)
     )
     model, mconfig = load_model(run.model, task.head, task.num_labels, t.attention, cfg.model.overrides())
     if t.activation_checkpointing:

@@ -1,0 +1,312 @@
+"""Time to quality at equal budget: the same small BERT pre-trained from scratch on the same shards for the same
+wall-clock budget by (a) the product — `bertforge pretrain` in a child process, with a preset's recipe and
+defaults — and (b) the Hugging Face baseline (`bench.baseline`: BertForPreTraining + AdamW, linear schedule, in
+a plain loop); both evaluate held-out masked-LM accuracy on the same held-out shard every `eval_every` steps
+(evaluation time excluded from the clock). Then the GLUE suite (`finetune.suite`) fine-tunes both final models
+with the same recipe.
+
+Each side's schedule must end at the budget, so each first measures its own step rate in a short calibration run
+(not counted) and trains for budget x rate steps; the curves are cut at the budget. The target is the baseline's
+last held-out accuracy within the budget; each side's time to it is read off the curves (`bench.pretrain.
+tta_from_curves`). Writes OUT/curve.jsonl, OUT/curves.png, OUT/glue_{ours,hf}/ and OUT/report.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertforge import device as dev
+from bertforge.errors import UserError
+from bertforge.runtime.io import write_text
+from bertforge.runtime.metrics import read_jsonl
+
+# Turc et al. 2019 ("Well-Read Students Learn Better"), GLUE test-set averages of Google's BERT miniatures, each
+# pre-trained for 1M steps of 256 sequences (seq 128 for 90%, 512 for 10%) on BooksCorpus + Wikipedia.
+ANCHORS = {"BERT-Tiny (L2/H128)": 64.2, "BERT-Mini (L4/H256)": 65.8}
+ANCHOR_SEQUENCES = 1_000_000 * 256
+
+
+# ------------------------------------------------------------------------------------------- ours
+def _pretrain(config: str, sets: list[str], timeout_s: float) -> Path:
+    """`python -m bertforge pretrain --config CONFIG --set ...` as a user starts it; returns its output dir."""
+    out = Path(next(s.split("=", 1)[1] for s in sets if s.startswith("train.output_dir=")))
+    cmd = [sys.executable, "-m", "bertforge", "pretrain", "--config", config, *(x for s in sets for x in ("--set", s))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
+    if proc.returncode:
+        raise RuntimeError(f"bertforge pretrain failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return out
+
+
+def eval_curve(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """(train_s, step, acc) at each held-out evaluation of a pre-training metrics.jsonl: train_s is the sum of
+    the logged windows' `window_s` up to that step (the loop keeps evaluation and saving out of its windows), so
+    log_every must divide eval_every."""
+    curve, train_s, windows = [], 0.0, sorted((r for r in rows if "window_s" in r), key=lambda r: r["step"])
+    for r in sorted((r for r in rows if "eval_mlm_acc" in r), key=lambda r: r["step"]):
+        while windows and windows[0]["step"] <= r["step"]:
+            train_s += float(windows.pop(0)["window_s"])
+        curve.append({"train_s": round(train_s, 2), "step": int(r["step"]), "acc": float(r["eval_mlm_acc"])})
+    return curve
+
+
+def budget_steps(p: dict[str, Any], rate: float, side: str) -> int:
+    """Updates that fill the budget at the measured rate; refused when that leaves no evaluation in it."""
+    steps = int(p["budget_s"] * rate)
+    if steps < p["eval_every"]:
+        raise UserError(
+            f"{side}: {p['budget_s']:g} s at {rate:.3g} updates/s is {steps} updates, fewer than eval_every "
+            f"{p['eval_every']}; lower eval_every or the batch, or raise budget_s"
+        )
+    return steps
+
+
+def ours_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Calibrate the step rate, then `bertforge pretrain` for budget x rate steps with held-out evaluation."""
+    base = [
+        f"data.input_dir={p['data_dir']}",
+        f"data.vocab={p['vocab']}",
+        f"train.global_batch_size={p['batch']}",
+        f"train.micro_batch_size={p['batch']}",
+        f"model.preset={p['preset']}",
+        f"model.max_position_embeddings={p['max_position_embeddings']}",
+        f"train.precision={p['precision']}",
+        f"train.device={p['device']}",
+        f"train.seed={p['seed']}",
+        "train.tensorboard=false",
+        "train.plot=false",
+        "model.init_from=null",
+        "train.init_checkpoint=null",
+        *p.get("ours_overrides", []),
+    ]
+    calib = [f"train.output_dir={out / 'calibration'}", f"train.max_steps={p['calib_steps']}"]
+    calib += [f"train.log_every={max(1, p['calib_steps'] // 4)}"]
+    calib += ["train.save_every=0", "data.eval_dir=null"]
+    rows = read_jsonl(_pretrain(p["config"], base + calib, p["timeout_s"]) / "metrics.jsonl")
+    windows = [r["seq_per_s"] for r in rows if "seq_per_s" in r]
+    rate = statistics.median(windows[1:] or windows) / p["batch"]  # the first window holds the warm-up
+    steps = budget_steps(p, rate, "ours")
+    run = [f"train.output_dir={out / 'pretrain'}", f"train.max_steps={steps}", f"train.log_every={p['eval_every']}"]
+    run += [f"train.eval_every={p['eval_every']}", f"train.save_every={steps}", f"data.eval_dir={p['eval_dir']}"]
+    run += [f"data.eval_batches={p['eval_batches']}"]
+    done = _pretrain(p["config"], base + run, p["timeout_s"] + 2 * p["budget_s"])
+    summary = json.loads((done / "summary.json").read_text(encoding="utf-8"))
+    return {
+        "curve": eval_curve(read_jsonl(done / "metrics.jsonl")),
+        "model_dir": summary["model_dir"],
+        "steps": steps,
+        "steps_per_s": rate,
+    }
+
+
+# ------------------------------------------------------------------------------------------- baseline
+def _hf_rate(config, loader, device, precision: str, steps: int) -> float:
+    """Updates per second of the baseline on a throwaway model (after 3 warm-up steps)."""
+    from bertforge.bench.baseline import hf_pretraining, hf_step
+
+    model, opt = hf_pretraining(config, device)
+    for _ in range(3):
+        hf_step(model, opt, next(loader), device, precision)
+    dev.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        hf_step(model, opt, next(loader), device, precision)
+    dev.synchronize(device)
+    return steps / (time.perf_counter() - t0)
+
+
+def hf_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The baseline for the budget: AdamW with linear warm-up and decay over budget x its measured step rate,
+    held-out accuracy every eval_every steps (not timed); the final model saved in Hugging Face format."""
+    from bertforge.bench.baseline import hf_mlm_accuracy, hf_pretraining, hf_step
+    from bertforge.data.loader import PretrainLoader, eval_batches
+    from bertforge.model import BertConfig
+    from bertforge.optim.schedule import lr_at
+    from bertforge.runtime.step import set_lr
+
+    device = dev.resolve_device(p["device"])
+    precision = dev.resolve_precision(p["precision"], device)
+    vocab = len(Path(p["vocab"], "vocab.txt").read_text(encoding="utf-8").splitlines())
+    config = BertConfig.from_preset(p["preset"], vocab_size=vocab, max_position_embeddings=p["max_position_embeddings"])
+    loader = PretrainLoader.from_dir(p["data_dir"], p["batch"], p["batch"], 0, 1, seed=p["seed"], num_workers=1)
+    it = loader.iterate()
+    torch.manual_seed(p["seed"])
+    steps = budget_steps(p, _hf_rate(config, it, device, precision, p["calib_steps"]), "hf")
+    evals = [
+        {k: v.to(device) for k, v in b.items()} for b in eval_batches(p["eval_dir"], p["batch"], p["eval_batches"])
+    ]
+    torch.manual_seed(p["seed"])
+    model, opt = hf_pretraining(config, device, lr=p["hf_lr"], weight_decay=0.01)
+    curve, train_s, step = [], 0.0, 0
+    while step < steps and train_s < p["budget_s"]:
+        t0 = time.perf_counter()
+        for _ in range(min(p["eval_every"], steps - step)):
+            step += 1
+            set_lr(opt, lr_at(step, p["hf_lr"], steps, p["hf_warmup"], "linear"))
+            hf_step(model, opt, next(it), device, precision)
+        dev.synchronize(device)
+        train_s += time.perf_counter() - t0
+        with dev.autocast(device, precision):
+            acc = hf_mlm_accuracy(model, evals)
+        curve.append({"train_s": round(train_s, 2), "step": step, "acc": acc})
+    model_dir = out / "hf_model"
+    model.save_pretrained(model_dir)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if Path(p["vocab"], name).is_file():
+            shutil.copyfile(Path(p["vocab"], name), model_dir / name)
+    return {"curve": curve, "model_dir": str(model_dir), "steps": steps, "steps_per_s": steps / max(train_s, 1e-9)}
+
+
+# ------------------------------------------------------------------------------------------- both, GLUE
+DEFAULTS: dict[str, Any] = {
+    "config": "demo_tiny_128",
+    "preset": "tiny",
+    "batch": 32,
+    "max_position_embeddings": 512,
+    "precision": "fp32",
+    "device": "cpu",
+    "seed": 12345,
+    "eval_every": 50,
+    "eval_batches": 20,
+    "calib_steps": 20,
+    "hf_lr": 1e-3,
+    "hf_warmup": 0.05,
+    "timeout_s": 600,
+    "sides": ["ours", "hf"],
+    "glue_seeds": [1, 2, 3],
+    "glue_lrs": [],
+    "glue_tasks": [],
+    "glue_max_train_examples": 0,
+    "glue_epochs": None,
+    "glue_overrides": [],
+}
+
+
+def _glue(p: dict[str, Any], model_dir: str, out: Path, cache) -> dict[str, Any]:
+    from bertforge.finetune.suite import SuiteOptions, run_suite
+
+    opts = SuiteOptions(
+        glue_dir=p["glue_dir"],
+        model=model_dir,
+        output_dir=str(out),
+        seeds=list(p["glue_seeds"]),
+        lrs=list(p["glue_lrs"]),
+        tasks=list(p["glue_tasks"]),
+        max_train_examples=p["glue_max_train_examples"],
+        epochs=p["glue_epochs"],
+        overrides=[f"train.device={p['device']}", "train.tensorboard=false", *p["glue_overrides"]],
+    )
+    return run_suite(opts, log=lambda s: None, cache=cache)
+
+
+def run_sides(p: dict[str, Any], out: Path) -> dict[str, dict[str, Any]]:
+    """Run the sides named in p["sides"]; a side not named is read from an earlier call's OUT/<side>/side.json."""
+    fns = {"ours": ours_side, "hf": hf_side}
+    unknown = [k for k in p["sides"] if k not in fns]
+    if unknown:
+        raise UserError(f"quality_budget sides: {', '.join(unknown)}; choose from ours, hf")
+    sides = {}
+    for k, fn in fns.items():
+        record = out / k / "side.json"
+        if k in p["sides"]:
+            sides[k] = fn(p, out / k)
+            write_text(record, json.dumps(sides[k], indent=1))
+        elif record.is_file():
+            sides[k] = json.loads(record.read_text(encoding="utf-8"))
+    return sides
+
+
+def quality_budget(
+    out_dir: str,
+    data_dir: str,
+    eval_dir: str,
+    vocab: str,
+    budget_s: float = 1200,
+    glue_dir: str | None = None,
+    **params: Any,
+) -> dict[str, float]:
+    """Both sides for `budget_s` training seconds each (one after another), the curves, the time to the baseline's
+    final held-out accuracy, then (with `glue_dir`) the GLUE suite on both final models. `params`: the keys of
+    DEFAULTS (`config`: ours' pretrain preset; `ours_overrides`: extra `--set`s for it)."""
+    from bertforge.bench.pretrain import plot_curves, tta_from_curves
+    from bertforge.finetune.suite import FeatureCache
+
+    unknown = sorted(set(params) - set(DEFAULTS) - {"ours_overrides"})
+    if unknown:
+        raise UserError(f"quality_budget: unknown parameters {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    p = {**DEFAULTS, **params, "data_dir": data_dir, "eval_dir": eval_dir, "vocab": vocab, "budget_s": budget_s}
+    p["glue_dir"] = glue_dir
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sides = run_sides(p, out)
+    if len(sides) < 2:  # the other side runs in a call of its own (a 10-minute GPU lease per side)
+        k, s = next(iter(sides.items()))
+        return {f"{k}_final_acc": s["curve"][-1]["acc"], f"{k}_steps": float(s["steps"])}
+    # the budget is the comparison: evaluations past it (a calibration a little off) are not counted
+    rows = [{"impl": k, **r} for k, s in sides.items() for r in s["curve"] if r["train_s"] <= 1.02 * budget_s]
+    if not all(any(r["impl"] == k for r in rows) for k in sides):
+        raise UserError(f"a side has no evaluation within {budget_s:g} s; lower eval_every or raise the budget")
+    curve = write_text(out / "curve.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    tta = tta_from_curves(str(curve), "hf")
+    plot_curves(str(curve), str(out / "curves.png"), tta["target"])
+    result: dict[str, float] = {"target_acc": tta["target"]}
+    for k in sides:
+        last = [r for r in rows if r["impl"] == k][-1]
+        result.update({f"{k}_final_acc": last["acc"], f"{k}_train_s": last["train_s"], f"{k}_steps": last["step"]})
+        result[f"{k}_seconds_to_target"] = tta[f"{k}_seconds"]
+    result["ours_time_share"] = result["ours_seconds_to_target"] / result["hf_seconds_to_target"]
+    tables = {}
+    if glue_dir:
+        cache = FeatureCache()  # both models share the corpus vocab: tokenize each task once
+        tables = {k: _glue(p, s["model_dir"], out / f"glue_{k}", cache) for k, s in sides.items()}
+        result.update({f"{k}_glue_avg": t["average"] for k, t in tables.items()})
+    write_text(out / "report.md", report(p, result, tables))
+    write_text(out / "result.json", json.dumps({"params": p, "result": result, "glue": tables}, indent=1, default=str))
+    return result
+
+
+def report(p: dict[str, Any], r: dict[str, float], tables: dict[str, Any]) -> str:
+    """The Markdown summary: curves, time to the target, both GLUE tables and the miniatures as anchors."""
+    from bertforge.finetune.suite import markdown_table
+
+    names = {"ours": "bertforge pretrain", "hf": "HF baseline"}
+    lines = [
+        f"BERT-{p['preset']} seq 128, batch {p['batch']}, {p['budget_s']:g} s of training per side "
+        f"({p['device']}, {p['precision']}); held-out MLM accuracy on {p['eval_batches']} batches of {p['eval_dir']}.",
+        "",
+        "| side | steps | train s | final held-out MLM acc | s to baseline's final acc |",
+        "|---|---|---|---|---|",
+    ]
+    for k in ("ours", "hf"):
+        lines.append(
+            f"| {names[k]} | {r[f'{k}_steps']:.0f} | {r[f'{k}_train_s']:.0f} | {r[f'{k}_final_acc']:.4f} | "
+            f"{r[f'{k}_seconds_to_target']:.0f} |"
+        )
+    share = r["ours_time_share"]
+    lines += ["", f"Target {r['target_acc']:.4f}; ours reached it in {share:.0%} of the baseline's time.", ""]
+    for k, t in tables.items():
+        lines += [
+            f"GLUE dev, {names[k]} (median over seeds {', '.join(map(str, t['seeds']))}):",
+            "",
+            markdown_table(t, names[k]),
+        ]
+    if tables:
+        seqs = max(r["ours_steps"], r["hf_steps"]) * p["batch"]
+        lines.append(
+            "Anchors (GLUE test, Turc et al. 2019): "
+            + ", ".join(f"{n} {v}" for n, v in ANCHORS.items())
+            + f" — pre-trained on {ANCHOR_SEQUENCES / seqs:,.0f}x the sequences of these runs."
+            if math.isfinite(seqs) and seqs
+            else ""
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,365 @@
+"""The GLUE suite: fine-tune and score every GLUE task present in a `glue_data` directory, over seeds and a
+learning-rate grid, and report the table in the GLUE papers' form.
+
+    bertforge finetune --task glue --glue-dir glue_data --model M --seeds 1,2,3 --lrs 2e-5,3e-5,5e-5 --output-dir D
+
+One (task, lr, seed) is one call of the ordinary fine-tuning function (`runner.run_finetune`) into
+D/runs/<task>/lr<lr>_seed<seed>/; its result (the best dev evaluation over the run's epochs, the official
+metrics x 100) goes to D/results/<task>/lr<lr>_seed<seed>.json, written atomically. A re-run reads the result
+files that exist and runs only the missing ones, so a crash or a kill loses at most the run in progress. A
+result written for another model or recipe (its `fingerprint`) is refused unless `overwrite`.
+
+Per task, the learning rate kept is the one with the best median task score over seeds; the table shows the
+median of each metric over those seeds and the seed spread (max - min of the task score). A task's score is its
+metric, or the mean of its two (MRPC and QQP F1/accuracy, STS-B Pearson/Spearman, MNLI matched/mismatched), and
+the average is the mean of the task scores (GLUE's convention); `avg_no_wnli` leaves WNLI out as BERT's paper
+does. Tokenized features are built once per task, tokenizer and max_seq_len and reused over seeds and learning
+rates (`FeatureCache`). Writes D/glue_results.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertforge.errors import UserError
+from bertforge.finetune import glue
+from bertforge.runtime.io import write_text
+
+# the GLUE papers' column order and headings
+GLUE_ORDER = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+HEADINGS = {
+    "cola": "CoLA (MCC)",
+    "sst2": "SST-2 (acc)",
+    "mrpc": "MRPC (F1/acc)",
+    "stsb": "STS-B (P/S corr)",
+    "qqp": "QQP (F1/acc)",
+    "mnli": "MNLI (m/mm acc)",
+    "qnli": "QNLI (acc)",
+    "rte": "RTE (acc)",
+    "wnli": "WNLI (acc)",
+}
+# a dev file's short name in a metric key (MNLI: m / mm)
+DEV_NAMES = {"dev_matched": "m", "dev_mismatched": "mm"}
+
+
+@dataclasses.dataclass
+class SuiteOptions:
+    """What `bertforge finetune --task glue` runs."""
+
+    glue_dir: str
+    model: str
+    output_dir: str
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [42])
+    lrs: list[float] = dataclasses.field(default_factory=list)
+    """Learning-rate grid (empty: the config's optim.lr)."""
+    tasks: list[str] = dataclasses.field(default_factory=list)
+    """Only these tasks (empty: every task whose files are present)."""
+    max_train_examples: int = 0
+    """Train on a random subset of this many rows per task (seeded, the same subset for every run; 0: all)."""
+    epochs: float | None = None
+    config: str = "glue_default"
+    overrides: list[str] = dataclasses.field(default_factory=list)
+    keep_models: bool = False
+    """Keep each run's best/ model (otherwise deleted once its result is written: a grid of runs is many GB)."""
+    overwrite: bool = False
+    """Re-run results that another model or recipe wrote instead of refusing them."""
+
+
+# ------------------------------------------------------------------------------------------- tasks, metrics
+def present_tasks(glue_dir: str | Path, only: Sequence[str] = (), say: Callable[[str], None] = print) -> list[str]:
+    """The GLUE tasks whose train.tsv and dev file(s) are in `glue_dir`, in the papers' order."""
+    if not Path(glue_dir).is_dir():
+        raise UserError(f"--glue-dir {glue_dir} is not a directory")
+    unknown = [t for t in only if t not in GLUE_ORDER]
+    if unknown:
+        raise UserError(f"--tasks: {', '.join(unknown)} not GLUE tasks; choose from {', '.join(GLUE_ORDER)}")
+    found = []
+    for task in GLUE_ORDER:
+        if only and task not in only:
+            continue
+        train, devs = glue.default_files(task, glue_dir)
+        missing = [p.name for p in (train, *devs) if not p.is_file()]
+        if missing:
+            if (Path(glue_dir) / glue.get_task(task).dir).is_dir() or task in only:
+                say(f"glue suite: skipping {task}: {glue.get_task(task).dir}/ lacks {', '.join(missing)}")
+            continue
+        found.append(task)
+    if not found:
+        raise UserError(f"--glue-dir {glue_dir}: no GLUE task with its train.tsv and dev file(s) there")
+    return found
+
+
+def task_metrics(task: str, best: dict[str, Any]) -> dict[str, float]:
+    """The task's official metrics x 100 from a fine-tuning summary's `best` evaluation (MNLI: `m_accuracy` and
+    `mm_accuracy`)."""
+    spec = glue.get_task(task)
+    names = [Path(f).stem for f in spec.dev_files]
+    out = {}
+    for name in names:
+        for metric in spec.metrics:
+            key = metric if len(names) == 1 else f"{name}/{metric}"
+            out[metric if len(names) == 1 else f"{DEV_NAMES.get(name, name)}_{metric}"] = 100.0 * float(best[key])
+    return out
+
+
+def task_score(metrics: dict[str, float]) -> float:
+    """GLUE's per-task score: the metric, or the unweighted mean of the task's metrics."""
+    return float(np.mean(list(metrics.values())))
+
+
+# ------------------------------------------------------------------------------------------- aggregation
+def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per task: the lr with the best median score over seeds, the median of each metric and of the score at it,
+    the seed spread; then the averages over tasks."""
+    tasks: dict[str, Any] = {}
+    for task in [t for t in GLUE_ORDER if any(r["task"] == t for r in results)]:
+        rows = [r for r in results if r["task"] == task]
+        per_lr = {}
+        for lr in sorted({r["lr"] for r in rows}):
+            per_lr[lr] = statistics.median(task_score(r["metrics"]) for r in rows if r["lr"] == lr)
+        lr = max(per_lr, key=lambda k: per_lr[k])  # ties: the smaller lr (sorted first)
+        kept = sorted((r for r in rows if r["lr"] == lr), key=lambda r: r["seed"])
+        scores = [task_score(r["metrics"]) for r in kept]
+        tasks[task] = {
+            "lr": lr,
+            "seeds": [r["seed"] for r in kept],
+            "metrics": {k: statistics.median(r["metrics"][k] for r in kept) for k in kept[0]["metrics"]},
+            "score": statistics.median(scores),
+            "seed_scores": scores,
+            "spread": max(scores) - min(scores),
+            "std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
+            "median_score_per_lr": {f"{k:g}": v for k, v in per_lr.items()},
+        }
+    scored = {t: v["score"] for t, v in tasks.items()}
+    no_wnli = [v for t, v in scored.items() if t != "wnli"]
+    return {
+        "tasks": tasks,
+        "average": float(np.mean(list(scored.values()))) if scored else float("nan"),
+        "avg_no_wnli": float(np.mean(no_wnli)) if no_wnli else float("nan"),
+    }
+
+
+def _cell(metrics: dict[str, float]) -> str:
+    return "/".join(f"{v:.1f}" for v in metrics.values())
+
+
+def markdown_table(table: dict[str, Any], name: str = "model") -> str:
+    """The GLUE papers' table: one row of official metrics per task and the averages, then spread and lr rows."""
+    tasks = table["tasks"]
+    heads = [HEADINGS[t] for t in tasks] + ["Avg", "Avg w/o WNLI"]
+    avgs = [f"{table['average']:.1f}", f"{table['avg_no_wnli']:.1f}" if "wnli" in tasks else "-"]
+    rows = [
+        [name] + [_cell(v["metrics"]) for v in tasks.values()] + avgs,
+        ["seed spread (max-min)"] + [f"{v['spread']:.1f}" for v in tasks.values()] + ["", ""],
+        ["lr"] + [f"{v['lr']:g}" for v in tasks.values()] + ["", ""],
+        ["seeds"] + [str(len(v["seeds"])) for v in tasks.values()] + ["", ""],
+    ]
+    lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot_table(results: Sequence[dict[str, Any]], table: dict[str, Any], png: str | Path) -> Path:
+    """Task score of every run (dots, one colour per lr) and the kept lr's median (bar), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bertforge.runtime.metrics import save_figure
+
+    tasks = list(table["tasks"])
+    lrs = sorted({r["lr"] for r in results})
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(tasks)), 4))
+    ax.bar(range(len(tasks)), [table["tasks"][t]["score"] for t in tasks], color="lightgrey", label="median (kept lr)")
+    for j, lr in enumerate(lrs):
+        off = (j - (len(lrs) - 1) / 2) * 0.15
+        pts = [(tasks.index(r["task"]) + off, task_score(r["metrics"])) for r in results if r["lr"] == lr]
+        if pts:
+            ax.scatter(*zip(*pts), s=14, label=f"lr {lr:g}", zorder=3)
+    ax.set_xticks(range(len(tasks)), [HEADINGS[t].split(" ")[0] for t in tasks])
+    ax.set_ylabel("task score (x100)")
+    ax.set_title(f"GLUE dev, average {table['average']:.1f}")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, png)
+
+
+# ------------------------------------------------------------------------------------------- features
+class FeatureCache:
+    """Tokenized task data per (task, tokenizer files, max_seq_len, glue_dir, subset): built once, reused over
+    seeds and learning rates (and over models that share a tokenizer, when a caller keeps one cache)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, Any] = {}
+        self.built = 0
+
+    def get(self, opts: SuiteOptions, task: str, task_cfg) -> Any:
+        from bertforge.data.vocab import load_tokenizer
+        from bertforge.finetune.runner import FinetuneRun, glue_task_data
+
+        key = (task, tokenizer_sha(opts.model), task_cfg.max_seq_len, str(Path(opts.glue_dir).resolve()))
+        key += (opts.max_train_examples,)
+        if key not in self.entries:
+            train, devs = glue.default_files(task, opts.glue_dir)
+            run = FinetuneRun(task, opts.model, str(train), [str(d) for d in devs])
+            data = glue_task_data(run, task_cfg, load_tokenizer(opts.model))
+            if opts.max_train_examples and data.train is not None and len(data.train) > opts.max_train_examples:
+                data = dataclasses.replace(data, train=subset(data.train, opts.max_train_examples))
+            self.entries[key] = data
+            self.built += 1
+        return self.entries[key]
+
+    def drop(self, task: str) -> None:
+        self.entries = {k: v for k, v in self.entries.items() if k[0] != task}
+
+
+def tokenizer_sha(model_dir: str) -> str:
+    """What identifies a model's tokenizer: the bytes of its tokenizer files."""
+    from bertforge.finetune.runner import TOKENIZER_FILES
+
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        p = Path(model_dir) / name
+        if p.is_file():
+            h.update(name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def subset(data, n: int, seed: int = 0):
+    """`n` rows of an `Encoded`, drawn without replacement by `seed`, in their original order."""
+    rows = np.sort(np.random.default_rng(seed).choice(len(data), n, replace=False))
+    return dataclasses.replace(
+        data,
+        input_ids=[data.input_ids[i] for i in rows],
+        token_type_ids=[data.token_type_ids[i] for i in rows],
+        targets={k: v[rows] for k, v in data.targets.items()},
+    )
+
+
+# ------------------------------------------------------------------------------------------- running
+def fingerprint(opts: SuiteOptions) -> dict[str, Any]:
+    """What a result depends on besides its (task, lr, seed): a result of another model or recipe is not reused."""
+    return {
+        "model": str(Path(opts.model).resolve()),
+        "glue_dir": str(Path(opts.glue_dir).resolve()),
+        "config": opts.config,
+        "overrides": list(opts.overrides),
+        "epochs": opts.epochs,
+        "max_train_examples": opts.max_train_examples,
+    }
+
+
+def result_path(out: Path, task: str, lr: float, seed: int) -> Path:
+    return out / "results" / task / f"lr{lr:g}_seed{seed}.json"
+
+
+def read_result(path: Path, fp: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
+    """A finished run's result, None when it must (still) run."""
+    if not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None  # written atomically, so only a hand-edited file gets here: run it again
+    if rec.get("fingerprint") != fp:
+        if overwrite:
+            return None
+        raise UserError(
+            f"{path} is the result of another model or recipe ({rec.get('fingerprint')}); pass --overwrite to "
+            "re-run it, or choose another --output-dir"
+        )
+    return rec
+
+
+def run_config(opts: SuiteOptions, lr: float | None = None, seed: int | None = None, run_dir: Path | None = None):
+    """The fine-tuning config of one run: the preset, the user's overrides, then the suite's own."""
+    from bertforge.config import load_config
+
+    sets = list(opts.overrides) + ([f"train.epochs={opts.epochs}"] if opts.epochs else [])
+    sets += [f"optim.lr={lr}"] if lr is not None else []
+    sets += [f"train.seed={seed}"] if seed is not None else []
+    sets += [f"train.output_dir={run_dir}"] if run_dir is not None else []
+    return load_config("finetune", opts.config, sets)
+
+
+def run_one(opts: SuiteOptions, task: str, lr: float, seed: int, data, log: Callable[[str], None]) -> dict[str, Any]:
+    """Fine-tune one (task, lr, seed) with the ordinary fine-tuning function and return its result record."""
+    from bertforge.finetune.runner import FinetuneRun, run_finetune
+
+    run_dir = Path(opts.output_dir) / "runs" / task / f"lr{lr:g}_seed{seed}"
+    cfg = run_config(opts, lr, seed, run_dir)
+    train, devs = glue.default_files(task, opts.glue_dir)
+    # the run dir is this suite's scratch for this (task, lr, seed): an interrupted attempt's best/ goes
+    run = FinetuneRun(task, opts.model, str(train), [str(d) for d in devs], overwrite=True, task_data=data)
+    t0 = time.perf_counter()
+    summary = run_finetune(run, cfg, log)
+    if not opts.keep_models:
+        shutil.rmtree(run_dir / "best", ignore_errors=True)
+    best = summary["best"]
+    return {
+        "task": task,
+        "lr": lr,
+        "seed": seed,
+        "metrics": task_metrics(task, best),
+        "best_epoch": best.get("epoch"),
+        "train_rows": len(data.train) if data.train is not None else 0,
+        "train_s": summary["train_s"],
+        "wall_s": time.perf_counter() - t0,
+        "fingerprint": fingerprint(opts),
+    }
+
+
+def run_suite(
+    opts: SuiteOptions, log: Callable[[str], None] = print, cache: FeatureCache | None = None
+) -> dict[str, Any]:
+    """Every (task, lr, seed) not yet done, then the table (returned and written to output_dir)."""
+    if not opts.seeds:
+        raise UserError("--seeds: give at least one seed")
+    out = Path(opts.output_dir)
+    tasks = present_tasks(opts.glue_dir, opts.tasks, log)
+    base = run_config(opts)
+    lrs = list(opts.lrs) or [base.optim.lr]
+    own_cache = cache is None
+    cache = cache or FeatureCache()
+    fp = fingerprint(opts)
+    results, t0 = [], time.perf_counter()
+    for task in tasks:
+        for lr in lrs:
+            for seed in opts.seeds:
+                path = result_path(out, task, lr, seed)
+                rec = read_result(path, fp, opts.overwrite)
+                if rec is None:
+                    log(f"glue suite: {task} lr {lr:g} seed {seed}")
+                    rec = run_one(opts, task, lr, seed, cache.get(opts, task, base.task), log)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_text(path, json.dumps(rec, indent=1))
+                else:
+                    log(f"glue suite: {task} lr {lr:g} seed {seed}: done earlier ({path})")
+                results.append(rec)
+        if own_cache:
+            cache.drop(task)  # this task's rows are not needed again
+    table = aggregate(results)
+    table.update(model=opts.model, seeds=list(opts.seeds), lrs=lrs, wall_s=time.perf_counter() - t0)
+    write_outputs(out, results, table)
+    return table
+
+
+def write_outputs(out: Path, results: Sequence[dict[str, Any]], table: dict[str, Any]) -> None:
+    md = markdown_table(table, "/".join(Path(table.get("model", "model")).parts[-2:]))  # e.g. runs/best
+    write_text(out / "glue_results.md", md)
+    write_text(out / "glue_results.json", json.dumps({**table, "runs": list(results)}, indent=1))
+    plot_table(results, table, out / "glue_results.png")
+    print(md, file=sys.stdout, flush=True)

@@ -1,0 +1,206 @@
+"""The GLUE suite (`bertforge finetune --task glue`): official metrics on hand-checked examples, the table's
+aggregation (lr choice, medians, spread, GLUE average), and crash-then-resume on tiny GLUE files."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertforge.cli import main
+from bertforge.errors import UserError
+from bertforge.finetune import glue, suite
+
+WORDS = ["good", "bad", "fine", "awful", "great", "poor", "nice", "dull", "film", "plot", "actor", "scene"]
+SETS = [
+    "train.global_batch_size=8",
+    "train.micro_batch_size=8",
+    "train.precision=fp32",
+    "train.device=cpu",
+    "train.tensorboard=false",
+    "train.log_every=100",
+    "task.max_seq_len=32",
+]
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_encoder_factory) -> Path:
+    """A tiny random pre-trained BERT with a word-level vocab.txt of WORDS."""
+    return tiny_encoder_factory(WORDS)
+
+
+def _sentence(i: int) -> str:
+    return f"{WORDS[i % 6]} {WORDS[6 + i % 6]} ."
+
+
+def _row(task: str, i: int) -> str:
+    """One GLUE-format TSV row of `task` (columns as glue_data lays them out)."""
+    a, b, y = _sentence(i), _sentence(i + 1), i % 2
+    return {
+        "cola": f"src\t{y}\t*\t{a}",
+        "sst2": f"{a}\t{y}",
+        "mrpc": f"{y}\t1\t2\t{a}\t{b}",
+        "stsb": f"{i}\tg\tf\ty\t0\ts1\ts2\t{a}\t{b}\t{(i % 6) * 5 / 6:.2f}",
+        "rte": f"{i}\t{a}\t{b}\t{('entailment', 'not_entailment')[y]}",
+        "wnli": f"{i}\t{a}\t{b}\t{y}",
+        "mnli": "\t".join([str(i)] + ["x"] * 7 + [a, b, ("contradiction", "entailment", "neutral")[i % 3]]),
+    }[task]
+
+
+def write_glue(root: Path, tasks=("cola", "sst2", "mrpc", "stsb", "rte", "wnli"), n_train=24, n_dev=8) -> Path:
+    """A tiny glue_data directory: train.tsv and dev file(s) per task, with the real files' headers."""
+    for task in tasks:
+        spec = glue.get_task(task)
+        d = root / spec.dir
+        d.mkdir(parents=True, exist_ok=True)
+        head = ["header"] if spec.header else []
+        (d / "train.tsv").write_text("\n".join(head + [_row(task, i) for i in range(n_train)]) + "\n")
+        for f in spec.dev_files:
+            (d / f).write_text("\n".join(head + [_row(task, i + 3) for i in range(n_dev)]) + "\n")
+    return root
+
+
+# ------------------------------------------------------------------------------------------- metrics
+def test_official_metrics_on_hand_checked_examples():
+    # 6 binary predictions: tp=2 (rows 0,1) fn=1 (row 2) fp=1 (row 3) tn=2 (rows 4,5)
+    y = [1, 1, 1, 0, 0, 0]
+    logits = np.array([[0, 1], [0, 1], [1, 0], [0, 1], [1, 0], [1, 0]], dtype=float)
+    # accuracy 4/6; F1 = 2tp/(2tp+fp+fn) = 4/6; MCC = (tp tn - fp fn)/sqrt(3*3*3*3) = (4-1)/9 = 1/3
+    assert glue.evaluate("sst2", logits, y) == pytest.approx({"accuracy": 4 / 6})
+    assert glue.evaluate("mrpc", logits, y) == pytest.approx({"f1": 4 / 6, "accuracy": 4 / 6})
+    assert glue.evaluate("cola", logits, y) == pytest.approx({"mcc": 1 / 3})
+    assert glue.evaluate("rte", logits, [0, 0, 0, 1, 1, 1])["accuracy"] == pytest.approx(2 / 6)
+    # regression: x = 1,2,3,4 vs y = 1,3,2,5. Pearson: centred x -1.5,-.5,.5,1.5 and y -1.75,.25,-.75,2.25;
+    # sum xy = 2.625+(-.125)+(-.375)+3.375 = 5.5; sum x^2 = 5; sum y^2 = 3.0625+.0625+.5625+5.0625 = 8.75
+    # -> 5.5/sqrt(43.75). Spearman: ranks of y are 1,3,2,4 -> 1 - 6*(0+1+1+0)/(4*15) = 0.8
+    scores = glue.evaluate("stsb", np.array([1.0, 2, 3, 4]), [1.0, 3, 2, 5])
+    assert scores == pytest.approx({"pearson": 5.5 / math.sqrt(43.75), "spearman": 0.8})
+    # ties get average ranks: x = 1,1,2 -> 1.5,1.5,3 against y = 1,2,3: pearson of (1.5,1.5,3),(1,2,3) = sqrt(3)/2
+    assert glue.evaluate("stsb", np.array([1.0, 1, 2]), [1.0, 2, 3])["spearman"] == pytest.approx(math.sqrt(3) / 2)
+
+
+def test_task_metrics_read_the_runners_keys():
+    assert suite.task_metrics("mrpc", {"f1": 0.8, "accuracy": 0.7, "main": 0.8, "eval_s": 1.0}) == pytest.approx(
+        {"f1": 80.0, "accuracy": 70.0}
+    )
+    best = {"dev_matched/accuracy": 0.81, "dev_mismatched/accuracy": 0.79, "main": 0.81}
+    assert suite.task_metrics("mnli", best) == pytest.approx({"m_accuracy": 81.0, "mm_accuracy": 79.0})
+
+
+def _rec(task, lr, seed, **metrics):
+    return {"task": task, "lr": lr, "seed": seed, "metrics": metrics}
+
+
+def test_aggregate_picks_lr_by_median_and_averages_like_glue():
+    results = [
+        # lr 2e-5: scores 50, 60, 90 (median 60); lr 3e-5: 58, 59, 61 (median 59) -> 2e-5 kept despite lower mean
+        _rec("cola", 2e-5, 1, mcc=50.0),
+        _rec("cola", 2e-5, 2, mcc=60.0),
+        _rec("cola", 2e-5, 3, mcc=90.0),
+        _rec("cola", 3e-5, 1, mcc=58.0),
+        _rec("cola", 3e-5, 2, mcc=59.0),
+        _rec("cola", 3e-5, 3, mcc=61.0),
+        # two metrics: the task score is their mean; medians per metric
+        _rec("mrpc", 2e-5, 1, f1=80.0, accuracy=70.0),
+        _rec("mrpc", 2e-5, 2, f1=90.0, accuracy=80.0),
+        _rec("mrpc", 2e-5, 3, f1=84.0, accuracy=76.0),
+        _rec("wnli", 2e-5, 1, accuracy=40.0),
+    ]
+    t = suite.aggregate(results)
+    cola, mrpc = t["tasks"]["cola"], t["tasks"]["mrpc"]
+    assert cola["lr"] == 2e-5 and cola["score"] == 60.0 and cola["spread"] == 40.0
+    assert cola["median_score_per_lr"] == {"2e-05": 60.0, "3e-05": 59.0}
+    assert mrpc["metrics"] == {"f1": 84.0, "accuracy": 76.0}
+    assert mrpc["seed_scores"] == [75.0, 85.0, 80.0] and mrpc["score"] == 80.0 and mrpc["spread"] == 10.0
+    assert t["average"] == pytest.approx((60 + 80 + 40) / 3)
+    assert t["avg_no_wnli"] == pytest.approx(70.0)
+    md = suite.markdown_table(t, "tiny")
+    assert "| tiny | 60.0 | 84.0/76.0 | 40.0 | 60.0 | 70.0 |" in md
+    assert list(t["tasks"]) == ["cola", "mrpc", "wnli"]  # the papers' order
+
+
+def test_present_tasks_skips_tasks_without_training_file(tmp_path):
+    root = write_glue(tmp_path / "glue", tasks=("sst2", "rte"))
+    (root / "QNLI").mkdir()
+    (root / "QNLI" / "dev.tsv").write_text("header\n")
+    said = []
+    assert suite.present_tasks(root, (), said.append) == ["sst2", "rte"]
+    assert any("qnli" in s and "train.tsv" in s for s in said)
+    with pytest.raises(UserError, match="not GLUE tasks"):
+        suite.present_tasks(root, ["sst"])
+
+
+# ------------------------------------------------------------------------------------------- end to end
+def _argv(encoder, glue_dir, out, *extra):
+    argv = ["finetune", "--task", "glue", "--glue-dir", str(glue_dir), "--model", str(encoder)]
+    argv += ["--output-dir", str(out), "--epochs", "1", *extra]
+    return argv + [x for s in SETS for x in ("--set", s)]
+
+
+def test_suite_crash_then_resume(encoder, tmp_path, monkeypatch, capsys):
+    """A crash in the second task: the re-run skips the first task's finished runs and continues."""
+    from bertforge.finetune import runner
+
+    glue_dir = write_glue(tmp_path / "glue", tasks=("sst2", "stsb", "mnli"))
+    out = tmp_path / "out"
+    calls = []
+    real = runner.run_finetune
+
+    def crashing(run, cfg, log=print):
+        calls.append((run.task, cfg.optim.lr, cfg.train.seed))
+        if run.task == "stsb":
+            raise RuntimeError("injected crash")
+        return real(run, cfg, log)
+
+    monkeypatch.setattr(runner, "run_finetune", crashing)
+    argv = _argv(encoder, glue_dir, out, "--seeds", "1,2", "--max-train-examples", "16")
+    with pytest.raises(RuntimeError, match="injected"):
+        main(argv)
+    assert calls == [("sst2", 2e-5, 1), ("sst2", 2e-5, 2), ("stsb", 2e-5, 1)]
+    assert sorted(p.name for p in (out / "results" / "sst2").iterdir()) == ["lr2e-05_seed1.json", "lr2e-05_seed2.json"]
+    assert not (out / "results" / "stsb").exists()
+    assert not (out / "runs" / "sst2" / "lr2e-05_seed1" / "best").exists()  # models are not kept by default
+
+    calls.clear()
+    monkeypatch.setattr(
+        runner, "run_finetune", lambda run, cfg, log=print: calls.append(run.task) or real(run, cfg, log)
+    )
+    assert main(argv) == 0
+    assert calls == ["stsb", "stsb", "mnli", "mnli"]  # sst2 not redone
+    table = json.loads((out / "glue_results.json").read_text())
+    assert list(table["tasks"]) == ["sst2", "stsb", "mnli"]
+    assert set(table["tasks"]["mnli"]["metrics"]) == {"m_accuracy", "mm_accuracy"}
+    assert table["runs"][0]["train_rows"] == 16
+    md = (out / "glue_results.md").read_text()
+    assert "MNLI (m/mm acc)" in md and "STS-B (P/S corr)" in md
+    assert (out / "glue_results.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_features_are_tokenized_once_per_task(encoder, tmp_path, monkeypatch):
+    from bertforge.finetune import runner
+
+    glue_dir = write_glue(tmp_path / "glue", tasks=("rte",))
+    built = []
+    real = runner.glue_task_data
+    monkeypatch.setattr(runner, "glue_task_data", lambda *a: built.append(1) or real(*a))
+    opts = suite.SuiteOptions(
+        str(glue_dir), str(encoder), str(tmp_path / "out"), seeds=[1, 2], lrs=[1e-4, 3e-4], epochs=1, overrides=SETS
+    )
+    table = suite.run_suite(opts, log=lambda s: None)
+    assert len(built) == 1 and len(table["tasks"]["rte"]["median_score_per_lr"]) == 2
+    # another model in the same output dir: its results are refused, not mixed in
+    other = tmp_path / "other_model"
+    shutil.copytree(encoder, other)
+    with pytest.raises(UserError, match="another model or recipe"):
+        suite.run_suite(suite.SuiteOptions(**{**opts.__dict__, "model": str(other)}), log=lambda s: None)
+
+
+def test_suite_flags_are_refused_for_one_task(encoder, tmp_path, capsys):
+    assert main(["finetune", "--task", "rte", "--model", str(encoder), "--seeds", "1,2", "--glue-dir", str(tmp_path)])
+    assert "--seeds belong to --task glue" in capsys.readouterr().err
+    assert main(["finetune", "--task", "glue", "--model", str(encoder)])
+    assert "needs --glue-dir" in capsys.readouterr().err
