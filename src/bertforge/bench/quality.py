@@ -160,7 +160,7 @@ def hf_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
             acc = hf_mlm_accuracy(model, evals)
         curve.append({"train_s": round(train_s, 2), "step": step, "acc": acc})
     model_dir = out / "hf_model"
-    model.save_pretrained(model_dir)
+    model.save_pretrained(model_dir)  # type: ignore[operator]  # transformers' PreTrainedModel method
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if Path(p["vocab"], name).is_file():
             shutil.copyfile(Path(p["vocab"], name), model_dir / name)

@@ -210,8 +210,8 @@ class FeatureCache:
         from bertforge.data.vocab import load_tokenizer
         from bertforge.finetune.runner import FinetuneRun, glue_task_data
 
-        key = (task, tokenizer_sha(opts.model), task_cfg.max_seq_len, str(Path(opts.glue_dir).resolve()))
-        key += (opts.max_train_examples,)
+        glue_dir = str(Path(opts.glue_dir).resolve())
+        key = (task, tokenizer_sha(opts.model), task_cfg.max_seq_len, glue_dir, opts.max_train_examples)
         if key not in self.entries:
             train, devs = glue.default_files(task, opts.glue_dir)
             run = FinetuneRun(task, opts.model, str(train), [str(d) for d in devs])
