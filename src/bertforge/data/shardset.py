@@ -18,7 +18,6 @@ plain, frozen data: cheap to pickle into DataLoader workers.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import sys
@@ -30,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bertforge.errors import UserError, first_line
+from bertforge.runtime.io import read_json_object
 
 # dataset -> dtype of each kind's schema, in the order the writers create them
 NVIDIA_SCHEMA: dict[str, type] = {  # DESIGN §3.2
@@ -104,14 +104,8 @@ def list_shards(path: str | os.PathLike) -> list[Path]:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from a file; invalid JSON is a UserError naming the file."""
-    try:
-        out = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON ({e}); re-create the shards or delete it") from None
-    if not isinstance(out, dict):
-        raise UserError(f"{path} does not hold a JSON object; re-create the shards or delete it")
-    return out
+    """A JSON object from a file beside the shards; invalid JSON is a UserError naming the file."""
+    return read_json_object(path, "re-create the shards or delete it")
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:

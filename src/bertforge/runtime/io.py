@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -130,6 +131,18 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+def read_json_object(path: Path, fix: str, label: str = "") -> dict:
+    """A JSON object from a file we wrote; invalid JSON or another JSON value is one line naming the file
+    (`label` before the path, e.g. "checkpoint ") and what to do (`fix`)."""
+    try:
+        out = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{label}{path} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(out, dict):
+        raise UserError(f"{label}{path} does not hold a JSON object; {fix}")
+    return out
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

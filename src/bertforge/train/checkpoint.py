@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import atomic_dir, remove_stale
+from bertforge.runtime.io import atomic_dir, read_json_object, remove_stale
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "training_state.pt"
@@ -47,15 +47,8 @@ class Checkpoint:
         return self.path / MODEL_DIR
 
     def meta(self) -> dict[str, Any]:
-        path = self.path / META_FILE
         fix = f"delete {self.path} to resume from the previous checkpoint"
-        try:
-            out = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise UserError(f"checkpoint {path} is not valid JSON ({e}); {fix}") from None
-        if not isinstance(out, dict):
-            raise UserError(f"checkpoint {path} does not hold a JSON object; {fix}")
-        return out
+        return read_json_object(self.path / META_FILE, fix, label="checkpoint ")
 
     def load_state(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
         """The training state, read without executing code (weights_only=True)."""
