@@ -98,7 +98,6 @@ def hf_step(
     return loss.detach()
 
 
-@torch.no_grad()
 @torch.no_grad()  # no autograd graph over (batch, seq, vocab) logits: evaluation must not cost minutes
 def hf_mlm_accuracy(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
     """Masked-LM accuracy of the baseline at the masked slots of `batches`."""

@@ -143,7 +143,8 @@ def hf_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
     torch.manual_seed(p["seed"])
     steps = budget_steps(p, _hf_rate(config, it, device, precision, p["calib_steps"]), "hf")
     evals = [
-        {k: v.to(device) for k, v in b.items()} for b in eval_batches(p["eval_dir"], p["batch"], p["eval_batches"])
+        {k: v.to(device) for k, v in b.items()}
+        for b in eval_batches(p["eval_dir"], p["batch"], max_batches=p["eval_batches"])
     ]
     torch.manual_seed(p["seed"])
     model, opt = hf_pretraining(config, device, lr=p["hf_lr"], weight_decay=0.01)
