@@ -437,9 +437,10 @@ def masking_overrides(
     if shards.kind not in LOADER_MASKED:
         if mlm_probability is not None or split != REPLACE_SPLIT:
             raise UserError(
-                f"data.mlm_probability / data.mask_replace_prob / data.random_replace_prob set how the loader "
-                f"masks, but {shards.directory} holds {shards.kind} shards whose masks were drawn when they were "
-                "written: build shards with --dynamic-masking or --objective mlm, or leave those keys unset"
+                "data.mlm_probability / data.eval_mlm_probability / data.mask_replace_prob / data.random_replace_prob "
+                f"set how the loader masks, but {shards.directory} holds {shards.kind} shards whose masks were drawn "
+                "when they were written: build shards with --dynamic-masking or --objective mlm, or leave those keys "
+                "unset"
             )
         return {}
     check_replace_split(split)

@@ -110,6 +110,8 @@ def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
         if s is not None:
             s.check_objective(cfg.train.objective)
             masking_overrides(s, d.mlm_probability, d.mask_split)
+    if held_out is not None:
+        masking_overrides(held_out, **d.eval_masking)
     if shards is not None and held_out is not None:
         shards.check_compatible(held_out)
     return shards
@@ -188,7 +190,7 @@ def evaluate(
     masking: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """MLM and NSP accuracy (and loss) on held-out shards, summed over ranks; no NSP accuracy for an MLM-only
-    model. `masking`: eval_batches' mlm_probability and mask_split (the training run's)."""
+    model. `masking`: eval_batches' mlm_probability and mask_split (`PretrainDataConfig.eval_masking`)."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(6, dtype=torch.float64, device=device)  # loss·n, n, mlm ok, mlm n, nsp ok, nsp n
@@ -580,7 +582,7 @@ def evaluate_run(run: Run) -> dict[str, float]:
         run.info,
         run.vocab_size,
         t.seed,
-        {"mlm_probability": d.mlm_probability, "mask_split": d.mask_split},
+        d.eval_masking,
     )
 
 
@@ -722,6 +724,7 @@ def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[s
         "device": str(run.device),
         "world_size": run.info.world_size,
         "model_preset": run.cfg.model.preset,
+        "parameters": sum(p.numel() for p in run.model.parameters()),  # tied weights once
         **_last_values(run, window),
         **{f"final_{k}": v for k, v in eval_metrics.items()},
         "checkpoint": str(final.path) if final else None,
