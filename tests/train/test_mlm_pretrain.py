@@ -22,7 +22,7 @@ def demo_mlm(tmp_path_factory) -> Path:
     return root
 
 
-def _pretrain(root: Path, out: Path, *extra: str) -> int:
+def _pretrain(root: Path, out: Path, *extra: str, config: str = "demo_tiny_mlm_128") -> int:
     sets = {
         "data.input_dir": root / "shards_mlm",
         "data.eval_dir": root / "eval_mlm",
@@ -42,7 +42,7 @@ def _pretrain(root: Path, out: Path, *extra: str) -> int:
         "train.plot": False,
     }
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    return main(["pretrain", "--config", "demo_tiny_mlm_128", *args, *[a for e in extra for a in ("--set", e)]])
+    return main(["pretrain", "--config", config, *args, *[a for e in extra for a in ("--set", e)]])
 
 
 @pytest.mark.parametrize("pack", [0, 2])
@@ -68,3 +68,97 @@ def test_objective_mismatch_is_a_one_line_error(demo_mlm, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "train.objective is mlm_nsp" in err and "mlm shards" in err
     assert not (tmp_path / "a" / "checkpoints").exists()
+
+
+def test_eval_mlm_probability_sets_the_held_out_rate_only(demo_mlm, tmp_path, monkeypatch):
+    """data.eval_mlm_probability: training masks 30%, held-out evaluation masks 15% (one task for comparing runs
+    trained at different rates); unset, evaluation follows the training rate."""
+    import bertforge.train.loop as loop
+
+    seen: list[float | None] = []
+    real = loop.eval_batches
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("mlm_probability"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "eval_batches", recording)
+    assert _pretrain(demo_mlm, tmp_path / "a", "data.eval_mlm_probability=0.15") == 0
+    assert _pretrain(demo_mlm, tmp_path / "b") == 0
+    assert seen == [0.15, 0.3]
+    rows = [r for r in read_jsonl(tmp_path / "a" / "metrics.jsonl") if "loss" in r]
+    assert all(r["masked_per_seq"] == pytest.approx(38, abs=0.5) for r in rows)  # training still at 30%
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        ({"eval_mlm_probability": 1.5}, "data.eval_mlm_probability must be in (0, 1)"),
+        ({"input_dir": "synthetic", "eval_mlm_probability": 0.15}, "data.input_dir: synthetic draws its own masks"),
+    ],
+)
+def test_eval_mlm_probability_is_validated(sets, message):
+    from bertforge.errors import ConfigError
+    from bertforge.train.config import PretrainDataConfig
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        PretrainDataConfig(**sets).validate()
+
+
+def _mrpc(path: Path, n: int) -> Path:
+    """MRPC's TSV layout; a paraphrase repeats the first sentence's words (learnable), a non-paraphrase does not."""
+    words = [
+        "the",
+        "function",
+        "returns",
+        "a",
+        "new",
+        "list",
+        "of",
+        "values",
+        "from",
+        "the",
+        "module",
+        "and",
+        "the",
+        "class",
+    ]
+    rows = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+    for i in range(n):
+        a = " ".join(words[(i + j) % len(words)] for j in range(6))
+        b = a if i % 2 else " ".join(words[(3 * i + j) % len(words)] for j in range(5, 0, -1))
+        rows.append(f"{i % 2}\t{i}\t{i + 1000}\t{a} .\t{b} .")
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def test_mrpc_fine_tunes_from_a_modernbert_we_pretrained(demo_mlm, tmp_path):
+    """Issue 22: ModernBERT-tiny pre-trained by `bertforge pretrain` (MLM only, 30% masking, the preset's recipe)
+    then `bertforge finetune --task mrpc` on its checkpoint, scored with MRPC's official F1 and accuracy; the
+    best model is a ModernBertForSequenceClassification that transformers loads with the same logits."""
+    import torch
+    import transformers
+
+    from bertforge.finetune import glue
+    from bertforge.finetune.runner import collate, encode_glue, load_tokenizer
+    from bertforge.model import hf_interop
+
+    assert (
+        _pretrain(demo_mlm, tmp_path / "pre", "model.max_position_embeddings=1024", config="modernbert_tiny_1024") == 0
+    )
+    model_dir = json.loads((tmp_path / "pre" / "summary.json").read_text())["model_dir"]
+    train, dev = _mrpc(tmp_path / "train.tsv", 32), _mrpc(tmp_path / "dev.tsv", 16)
+    sets = ["train.global_batch_size=8", "train.micro_batch_size=8", "train.precision=fp32", "train.device=cpu"]
+    sets += ["train.epochs=1", "train.plot=false", "train.tensorboard=false"]
+    argv = ["finetune", "--task", "mrpc", "--model", model_dir, "--train-file", str(train), "--dev-file", str(dev)]
+    assert main([*argv, "--output-dir", str(tmp_path / "ft"), *(x for s in sets for x in ("--set", s))]) == 0
+    best = json.loads((tmp_path / "ft" / "summary.json").read_text())["best"]
+    assert 0 <= best["f1"] <= 100 and 0 <= best["accuracy"] <= 100
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ft" / "best").eval()
+    assert type(hf).__name__ == "ModernBertForSequenceClassification"
+    ours, _ = hf_interop.load_pretrained(tmp_path / "ft" / "best", "classification", 2)
+    tok = load_tokenizer(tmp_path / "ft" / "best")
+    enc = encode_glue(tok, glue.read_tsv(dev, glue.GLUE_TASKS["mrpc"]), 128, False)
+    batch = collate(enc, list(range(6)), 0, torch.device("cpu"), targets=False)  # padded: rows differ in length
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(**batch).logits, hf(**batch).logits, atol=1e-5, rtol=1e-4)
