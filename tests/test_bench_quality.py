@@ -47,7 +47,84 @@ def test_unknown_parameter_and_side_are_refused(tmp_path):
 
 
 def test_budget_without_an_evaluation_is_refused_before_training():
-    p = {**quality.DEFAULTS, "budget_s": 30, "eval_every": 50}
-    assert quality.budget_steps(p, 2.0, "ours") == 60
+    assert quality.budget_steps(30, 50, 2.0, "ours") == 60
     with pytest.raises(UserError, match="ours: 30 s at 1.5 updates/s is 45 updates, fewer than eval_every 50"):
-        quality.budget_steps(p, 1.5, "ours")
+        quality.budget_steps(30, 50, 1.5, "ours")
+
+
+def test_update_rate_leaves_out_the_first_window():
+    rows = [
+        {"step": 10, "window_s": 20.0},  # compilation
+        {"step": 10, "eval_mlm_acc": 0.1},
+        {"step": 20, "window_s": 2.0},
+        {"step": 40, "window_s": 5.0},
+        {"step": 50, "window_s": 2.0},
+    ]
+    assert quality.update_rate(rows) == 5.0  # median of 5, 4, 5 updates/s
+
+
+def test_equal_time_refuses_a_run_without_a_config(tmp_path):
+    with pytest.raises(UserError, match="equal_time run 'a': give config"):
+        quality.equal_time(str(tmp_path), {"a": {"sets": []}})
+    with pytest.raises(UserError, match="equal_time run 'b': give config"):
+        quality.equal_time(str(tmp_path), {"b": {"config": "demo_tiny_128", "steps": 3}})
+
+
+def test_equal_time_trains_bert_and_modernbert_on_one_task(tmp_path, monkeypatch):
+    """Two recipes through `bertforge pretrain` children for the same few seconds on the demo's MLM-only data,
+    both scored at 15% masking; the report and the curves name both with their parameter counts."""
+    from bertforge.cli import main
+
+    data = tmp_path / "data"
+    prep = [f"output_dir={data}", "shards.dupe_factor=1", "shards.num_shards=2", "shards.workers=1"]
+    assert main(["data", "prepare", "--config", "demo_mlm", *[a for s in prep for a in ("--set", s)]]) == 0
+    common = [
+        f"data.input_dir={data / 'shards_mlm'}",
+        f"data.eval_dir={data / 'eval_mlm'}",
+        f"data.vocab={data / 'vocab'}",
+        "data.num_workers=0",
+        "data.eval_batches=2",
+        "data.eval_mlm_probability=0.15",
+        "train.global_batch_size=4",
+        "train.micro_batch_size=4",
+        "train.precision=fp32",
+        "train.device=cpu",
+    ]
+    runs = {
+        "bert": {"config": "demo_tiny_mlm_128"},
+        "modern": {"config": "modernbert_tiny_1024", "sets": ["model.max_position_embeddings=1024"]},
+    }
+    monkeypatch.setattr(quality, "update_rate", lambda rows: 3.0)  # 6 updates in the 2 s budget, however loaded
+    r = quality.equal_time(str(tmp_path / "out"), runs, budget_s=2, eval_every=2, calib_steps=4, sets=common)
+    for name in runs:
+        assert 0.0 <= r[f"{name}_final_acc"] <= 1.0 and r[f"{name}_steps"] in (2, 4, 6)
+    assert 1e6 < r["bert_parameters"] < r["modern_parameters"]  # 4 layers of GeGLU against 2 of GELU, one vocab
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| bert | demo_tiny_mlm_128 |" in report and "| modern | modernbert_tiny_1024 |" in report
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 0
+
+
+def test_baseline_side_scores_the_same_held_out_batches_as_ours(tmp_path, monkeypatch):
+    """The baseline's held-out accuracy is taken on the first `eval_batches` batches of the eval shard, as
+    `bertforge pretrain`'s evaluation is (a regression: it once scored the whole shard from batch 20 on)."""
+    from bertforge.bench import baseline
+    from bertforge.cli import main
+
+    data = tmp_path / "data"
+    prep = [f"output_dir={data}", "shards.dupe_factor=1", "shards.num_shards=2", "shards.workers=1"]
+    assert main(["data", "prepare", "--config", "demo", *[a for s in prep for a in ("--set", s)]]) == 0
+    seen: list[list[int]] = []
+    real = baseline.hf_mlm_accuracy
+
+    def recording(model, batches):
+        seen.append([int(b["input_ids"].shape[0]) for b in batches])
+        return real(model, batches)
+
+    monkeypatch.setattr(baseline, "hf_mlm_accuracy", recording)
+    monkeypatch.setattr(quality, "_hf_rate", lambda *a: 4.0)  # 4 updates in the 1 s budget, however loaded the box
+    p = {**quality.DEFAULTS, "data_dir": str(data / "shards"), "eval_dir": str(data / "eval")}
+    p.update(vocab=str(data / "vocab"), batch=4, budget_s=1.0, eval_every=2, eval_batches=3, calib_steps=2)
+    side = quality.hf_side(p, tmp_path / "hf")
+    assert seen and all(s == [4, 4, 4] for s in seen)
+    assert side["steps"] == 4 and 0.0 <= side["curve"][-1]["acc"] <= 1.0
+    assert (tmp_path / "hf" / "hf_model" / "vocab.txt").is_file()

@@ -60,22 +60,54 @@ def eval_curve(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
     return curve
 
 
-def budget_steps(p: dict[str, Any], rate: float, side: str) -> int:
+def budget_steps(budget_s: float, eval_every: int, rate: float, side: str) -> int:
     """Updates that fill the budget at the measured rate; refused when that leaves no evaluation in it."""
-    steps = int(p["budget_s"] * rate)
-    if steps < p["eval_every"]:
+    steps = int(budget_s * rate)
+    if steps < eval_every:
         raise UserError(
-            f"{side}: {p['budget_s']:g} s at {rate:.3g} updates/s is {steps} updates, fewer than eval_every "
-            f"{p['eval_every']}; lower eval_every or the batch, or raise budget_s"
+            f"{side}: {budget_s:g} s at {rate:.3g} updates/s is {steps} updates, fewer than eval_every "
+            f"{eval_every}; lower eval_every or the batch, or raise budget_s"
         )
     return steps
 
 
+def update_rate(rows: list[dict[str, Any]]) -> float:
+    """Updates per second of a run's metrics.jsonl: the median over its logged windows but the first (which holds
+    the warm-up and compilation)."""
+    logs = sorted((r for r in rows if "window_s" in r), key=lambda r: r["step"])
+    rates = [(b["step"] - a["step"]) / b["window_s"] for a, b in zip([{"step": 0}, *logs], logs, strict=False)]
+    return statistics.median(rates[1:] or rates)
+
+
+def budget_pretrain(
+    config: str, sets: list[str], out: Path, budget_s: float, eval_every: int, calib_steps: int, timeout_s: float
+) -> dict[str, Any]:
+    """`bertforge pretrain --config CONFIG --set SETS` for `budget_s` of training: a calibration run of
+    `calib_steps` updates (no evaluation, nothing saved) measures the step rate, then the run proper takes
+    budget x rate updates, so that its schedule ends at the budget, with held-out evaluation every `eval_every`."""
+    calib = [f"train.output_dir={out / 'calibration'}", f"train.max_steps={calib_steps}"]
+    calib += [f"train.log_every={max(1, calib_steps // 4)}", "train.save_every=0", "data.eval_dir=null"]
+    rate = update_rate(read_jsonl(_pretrain(config, sets + calib, timeout_s) / "metrics.jsonl"))
+    steps = budget_steps(budget_s, eval_every, rate, out.name)
+    run = [f"train.output_dir={out / 'pretrain'}", f"train.max_steps={steps}", f"train.log_every={eval_every}"]
+    run += [f"train.eval_every={eval_every}", f"train.save_every={steps}"]
+    done = _pretrain(config, sets + run, timeout_s + 2 * budget_s)
+    summary = json.loads((done / "summary.json").read_text(encoding="utf-8"))
+    return {
+        "curve": eval_curve(read_jsonl(done / "metrics.jsonl")),
+        "model_dir": summary["model_dir"],
+        "steps": steps,
+        "steps_per_s": rate,
+    }
+
+
 def ours_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Calibrate the step rate, then `bertforge pretrain` for budget x rate steps with held-out evaluation."""
-    base = [
+    """The product with the preset's recipe: only data paths, batch, model size, device and seed are set."""
+    sets = [
         f"data.input_dir={p['data_dir']}",
         f"data.vocab={p['vocab']}",
+        f"data.eval_dir={p['eval_dir']}",
+        f"data.eval_batches={p['eval_batches']}",
         f"train.global_batch_size={p['batch']}",
         f"train.micro_batch_size={p['batch']}",
         f"model.preset={p['preset']}",
@@ -89,24 +121,7 @@ def ours_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
         "train.init_checkpoint=null",
         *p.get("ours_overrides", []),
     ]
-    calib = [f"train.output_dir={out / 'calibration'}", f"train.max_steps={p['calib_steps']}"]
-    calib += [f"train.log_every={max(1, p['calib_steps'] // 4)}"]
-    calib += ["train.save_every=0", "data.eval_dir=null"]
-    rows = read_jsonl(_pretrain(p["config"], base + calib, p["timeout_s"]) / "metrics.jsonl")
-    windows = [r["seq_per_s"] for r in rows if "seq_per_s" in r]
-    rate = statistics.median(windows[1:] or windows) / p["batch"]  # the first window holds the warm-up
-    steps = budget_steps(p, rate, "ours")
-    run = [f"train.output_dir={out / 'pretrain'}", f"train.max_steps={steps}", f"train.log_every={p['eval_every']}"]
-    run += [f"train.eval_every={p['eval_every']}", f"train.save_every={steps}", f"data.eval_dir={p['eval_dir']}"]
-    run += [f"data.eval_batches={p['eval_batches']}"]
-    done = _pretrain(p["config"], base + run, p["timeout_s"] + 2 * p["budget_s"])
-    summary = json.loads((done / "summary.json").read_text(encoding="utf-8"))
-    return {
-        "curve": eval_curve(read_jsonl(done / "metrics.jsonl")),
-        "model_dir": summary["model_dir"],
-        "steps": steps,
-        "steps_per_s": rate,
-    }
+    return budget_pretrain(p["config"], sets, out, p["budget_s"], p["eval_every"], p["calib_steps"], p["timeout_s"])
 
 
 # ------------------------------------------------------------------------------------------- baseline
@@ -141,7 +156,8 @@ def hf_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
     loader = PretrainLoader.from_dir(p["data_dir"], p["batch"], p["batch"], 0, 1, seed=p["seed"], num_workers=1)
     it = loader.iterate()
     torch.manual_seed(p["seed"])
-    steps = budget_steps(p, _hf_rate(config, it, device, precision, p["calib_steps"]), "hf")
+    rate = _hf_rate(config, it, device, precision, p["calib_steps"])
+    steps = budget_steps(p["budget_s"], p["eval_every"], rate, "hf")
     evals = [
         {k: v.to(device) for k, v in b.items()}
         for b in eval_batches(p["eval_dir"], p["batch"], max_batches=p["eval_batches"])
@@ -273,6 +289,50 @@ def quality_budget(
         result.update({f"{k}_glue_avg": t["average"] for k, t in tables.items()})
     write_text(out / "report.md", report(p, result, tables))
     write_text(out / "result.json", json.dumps({"params": p, "result": result, "glue": tables}, indent=1, default=str))
+    return result
+
+
+# ------------------------------------------------------------------------------------------- recipes
+def equal_time(
+    out_dir: str,
+    runs: dict[str, dict[str, Any]],
+    budget_s: float = 360,
+    eval_every: int = 50,
+    calib_steps: int = 20,
+    sets: list[str] | None = None,
+    timeout_s: float = 600,
+) -> dict[str, float]:
+    """Product recipes at equal time: each of `runs` (name -> {"config": a pretrain preset, "sets": [...]}) is
+    `bertforge pretrain` for `budget_s` training seconds (`budget_pretrain`), one after another, with `sets`
+    common to all (e.g. data.eval_mlm_probability=0.15, so runs trained at different masking rates are scored on
+    one task). Writes OUT/curve.jsonl, OUT/curves.png and OUT/report.md (parameters, updates, final held-out
+    accuracy of each run)."""
+    for name, r in runs.items():
+        if "config" not in r or set(r) - {"config", "sets"}:
+            raise UserError(f"equal_time run {name!r}: give config (a pretrain preset) and optionally sets, not {r}")
+    out = Path(out_dir)
+    rows: list[dict[str, Any]] = []
+    result: dict[str, float] = {}
+    table = ["| run | config | parameters | updates | train s | final held-out MLM acc |", "|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        run_sets = [*(sets or []), *r.get("sets", []), "train.tensorboard=false", "train.plot=false"]
+        side = budget_pretrain(r["config"], run_sets, out / name, budget_s, eval_every, calib_steps, timeout_s)
+        curve = [c for c in side["curve"] if c["train_s"] <= 1.02 * budget_s] or side["curve"][:1]
+        rows += [{"impl": name, **c} for c in curve]
+        summary = json.loads((out / name / "pretrain" / "summary.json").read_text(encoding="utf-8"))
+        last = curve[-1]
+        result.update({f"{name}_final_acc": last["acc"], f"{name}_steps": last["step"]})
+        result[f"{name}_parameters"] = summary["parameters"]
+        table.append(
+            f"| {name} | {r['config']} | {summary['parameters'] / 1e6:.2f}M | {last['step']} | "
+            f"{last['train_s']:.0f} | {last['acc']:.4f} |"
+        )
+    curve_file = write_text(out / "curve.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    from bertforge.bench.pretrain import plot_curves
+
+    plot_curves(str(curve_file), str(out / "curves.png"))
+    head = f"{budget_s:g} s of training per run (evaluation excluded); common settings: {', '.join(sets or []) or '-'}"
+    write_text(out / "report.md", "\n".join([head, "", *table]) + "\n")
     return result
 
 
