@@ -106,12 +106,11 @@ def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
     d = cfg.data
     shards = None if d.synthetic else ShardSet.open(d.input_dir)
     held_out = ShardSet.open(d.eval_dir) if d.eval_dir else None
-    for s in (shards, held_out):
+    train_masking = {"mlm_probability": d.mlm_probability, "mask_split": d.mask_split}
+    for s, masking in ((shards, train_masking), (held_out, d.eval_masking)):
         if s is not None:
             s.check_objective(cfg.train.objective)
-            masking_overrides(s, d.mlm_probability, d.mask_split)
-    if held_out is not None:
-        masking_overrides(held_out, **d.eval_masking)
+            masking_overrides(s, **masking)
     if shards is not None and held_out is not None:
         shards.check_compatible(held_out)
     return shards
