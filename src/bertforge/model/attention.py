@@ -24,7 +24,8 @@ Every encoder family goes through `attend` (fused qkv in, context out, in whiche
 ModernBERT adds two things here, both as Hugging Face's `ModernBertAttention` defines them: rotary position
 embeddings on q and k (`rope_tables`, `rotate`; Su et al. 2021, the rotate-half layout), and sliding-window
 local attention, a constraint on the scores: query i sees key j only when |i - j| <= local_attention // 2
-(`block_mask(..., half_window)` for the masked kernels, the kernel's `window_size` for varlen flash).
+(`block_mask(..., half_window)` for the masked kernels, or on rows past three half-windows `BandMask`, the same
+constraint computed in blocks with memory linear in T; the kernel's `window_size` for varlen flash).
 """
 
 from __future__ import annotations
@@ -72,16 +73,85 @@ def resolve_attention(name: str) -> str:
 def block_mask(attention_mask: torch.Tensor, half_window: int | None = None) -> torch.Tensor:
     """(B, T) sequence index (0 = padding) -> (B, 1, T, T) bool, True where query t may attend to key s.
     `half_window`: only keys within that distance (ModernBERT's local layers), padding queries included, as
-    Hugging Face's sliding-window mask. A query left with no key attends everywhere (HF: a fully masked row
-    softmaxes to uniform), which also keeps every softmax row non-empty."""
+    Hugging Face's sliding-window mask. A query left with no key (only ever a padding query, whose output is
+    undefined: HF's own kernels differ there) attends everywhere, or to every key in its window in a local
+    layer (what the blocked `band_mask` can do too), so no softmax row is empty."""
     q = attention_mask[:, :, None]  # (B, T, 1)
     k = attention_mask[:, None, :]  # (B, 1, T)
     allowed = (k != 0) & ((q == k) | (q == 0))  # (B, T, T): own sequence; padding queries see all real keys
-    if half_window is not None:
-        idx = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-        allowed = allowed & ((idx[:, None] - idx[None, :]).abs() <= half_window)  # |i - j| <= window / 2
     empty_row = ~allowed.any(dim=-1, keepdim=True)  # (B, T, 1)
-    return (allowed | empty_row)[:, None]  # (B, 1, T, T)
+    if half_window is None:
+        return (allowed | empty_row)[:, None]  # (B, 1, T, T)
+    idx = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    window = (idx[:, None] - idx[None, :]).abs() <= half_window  # (T, T): |i - j| <= window / 2
+    allowed = allowed & window
+    empty_row = ~allowed.any(dim=-1, keepdim=True)
+    return (allowed | (empty_row & window))[:, None]  # (B, 1, T, T)
+
+
+@dataclass
+class BandMask:
+    """Sliding-window attention in blocks, so its cost and memory grow linearly with T (the dense mask of
+    `block_mask(..., half_window)` is (T, T)): queries in blocks of `width` = half_window, each block against
+    the keys of itself and its two neighbours, which hold every key within the window of all its queries."""
+
+    mask: torch.Tensor
+    """(B * nb, 1, w, 3w) bool, True where the query may attend to the key; nb = ceil(T / w)."""
+    width: int
+    """w, the block size: the half window."""
+    length: int
+    """T, the padded layout's length (the blocks pad it to nb * w)."""
+
+
+def band_usable(length: int, half_window: int | None) -> bool:
+    """Blocks cost T * 3w scores against the dense T * T: worth it past three blocks. Exporters trace the
+    dense mask, which takes any T (the blocked layout fixes nb at trace time)."""
+    if half_window is None or half_window < 1 or length <= 3 * half_window:
+        return False
+    return not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting())
+
+
+def band_mask(attention_mask: torch.Tensor, half_window: int) -> BandMask:
+    """(B, T) sequence index -> the blocked sliding-window mask, allowing exactly what `block_mask(...,
+    half_window)` allows, so both give the same outputs at every position, padding included."""
+    B, T = attention_mask.shape
+    w = half_window
+    nb = -(-T // w)
+    seq = F.pad(attention_mask, (0, nb * w - T), value=-1)  # (B, nb*w); -1: past the row's end
+    q = seq.view(B, nb, w, 1)  # (B, nb, w, 1)
+    k = F.pad(seq, (w, w), value=-1).unfold(1, 3 * w, w)[:, :, None, :]  # (B, nb, 1, 3w): blocks b-1, b, b+1
+    r = torch.arange(w, device=seq.device)[:, None]  # query offset in its block
+    c = torch.arange(3 * w, device=seq.device)[None, :]  # key offset from the previous block's start
+    band = (c >= r) & (c <= r + 2 * w)  # (w, 3w): |i - j| = |w + r - c| <= w
+    allowed = (k > 0) & ((q == k) | (q == 0)) & band  # (B, nb, w, 3w)
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    allowed = allowed | (empty & band & (k >= 0))  # block_mask's fallback: every key of the row in the window
+    return BandMask(allowed.view(B * nb, 1, w, 3 * w), w, T)
+
+
+def banded(q, k, v, band: BandMask, dropout_p: float, fn) -> torch.Tensor:
+    """q, k, v (B, T, nh, D) -> (B, T, nh * D): `fn` (sdpa/eager/unfused) on query blocks (B*nb, nh, w, D)
+    against their 3-block key windows (B*nb, nh, 3w, D)."""
+    B, T, nh, D = q.shape
+    w = band.width
+    nb = band.mask.shape[0] // B
+    tail = nb * w - T
+
+    def windows(x):  # (B, T, nh, D) -> (B*nb, nh, 3w, D)
+        blocks = F.pad(x, (0, 0, 0, 0, w, w + tail)).view(B, nb + 2, w, nh, D)
+        win = torch.cat((blocks[:, :-2], blocks[:, 1:-1], blocks[:, 2:]), dim=2)  # (B, nb, 3w, nh, D)
+        return win.view(B * nb, 3 * w, nh, D).transpose(1, 2)
+
+    qb = F.pad(q, (0, 0, 0, 0, 0, tail)).view(B * nb, w, nh, D).transpose(1, 2)  # (B*nb, nh, w, D)
+    ctx = fn(qb, windows(k), windows(v), band.mask, dropout_p)  # (B*nb, nh, w, D)
+    return ctx.transpose(1, 2).reshape(B, nb * w, nh * D)[:, :T]
+
+
+def sliding_mask(attention_mask: torch.Tensor, half_window: int) -> torch.Tensor | BandMask:
+    """The local layers' mask: blocked where that is cheaper (`band_usable`), else dense (B, 1, T, T)."""
+    if band_usable(attention_mask.shape[1], half_window):
+        return band_mask(attention_mask, half_window)
+    return block_mask(attention_mask, half_window)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +254,7 @@ def varlen(q, k, v, meta: VarlenMeta, dropout_p: float, half_window: int | None 
 def attend(
     qkv: torch.Tensor,
     heads: int,
-    mask: torch.Tensor | None,
+    mask: torch.Tensor | BandMask | None,
     meta: VarlenMeta | None,
     dropout_p: float,
     impl: str,
@@ -194,7 +264,8 @@ def attend(
     """Self-attention of a fused projection, in the encoder's layout:
     - padded: qkv (B, T, 3H), mask (B, 1, T, T) -> (B, T, H);
     - unpadded, varlen flash (mask None): qkv (N, 3H), meta -> (N, H);
-    - unpadded, masked kernel: qkv (N, 3H), meta and mask -> (N, H), attention on the re-padded batch.
+    - unpadded, masked kernel: qkv (N, 3H), meta and mask -> (N, H), attention on the re-padded batch;
+    - local layers of long rows: a `BandMask` instead of the (B, 1, T, T) mask, attention in blocks.
     `rope` (cos, sin) must be in the layout attention runs in ((B|1, T, 1, D), or (N, 1, D) for flash);
     `half_window` is used by flash only (the masked kernels carry the window in `mask`)."""
     if meta is not None and mask is not None:
@@ -210,14 +281,21 @@ def attend(
         return varlen(q, k, v, meta, dropout_p, half_window).reshape(lead[0], -1)  # (N, H)
     if mask is None:
         raise ValueError("padded attention needs the (B, 1, T, T) mask (only the flash path runs without one)")
+    fn = masked_kernel(impl, dropout_p, q)
+    if isinstance(mask, BandMask):
+        return banded(q, k, v, mask, dropout_p, fn)  # (B, T, H)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, D)
-    if impl == "eager":
-        fn = eager
-    elif impl == "auto" and dropout_p > 0 and fast_dropout_usable(q):
-        fn = unfused  # training with attention dropout on CPU: SDPA's math fallback, written out
-    else:
-        fn = sdpa
     return fn(q, k, v, mask, dropout_p).transpose(1, 2).reshape(*lead, -1)  # (B, T, H)
+
+
+def masked_kernel(impl: str, dropout_p: float, x: torch.Tensor):
+    """The kernel for a masked (padded-layout) attention call: sdpa, eager, or `unfused` when training with
+    attention dropout on CPU (SDPA's math fallback there, written out with the cheaper dropout mask)."""
+    if impl == "eager":
+        return eager
+    if impl == "auto" and dropout_p > 0 and fast_dropout_usable(x):
+        return unfused
+    return sdpa
 
 
 def varlen_usable(hidden: torch.Tensor, dropout_p: float) -> bool:

@@ -288,12 +288,13 @@ class BertEncoderModel(nn.Module):
     def _finish(self, h):
         return h if self.final_norm is None else self.final_norm(h)
 
-    def _masks(self, attention_mask) -> dict[str, torch.Tensor]:
-        """One (B, 1, T, T) mask per layer kind: the block mask, and within the window for local layers."""
+    def _masks(self, attention_mask) -> dict[str, torch.Tensor | attn.BandMask]:
+        """One mask per layer kind: the (B, 1, T, T) block mask, and for local layers the same within the
+        window, or the blocked `BandMask` on rows long enough for it to pay (memory linear in T)."""
         kinds = set(self.encoder.kinds)
-        masks = {"full_attention": attn.block_mask(attention_mask)}
+        masks: dict[str, torch.Tensor | attn.BandMask] = {"full_attention": attn.block_mask(attention_mask)}
         if "sliding_attention" in kinds:
-            masks["sliding_attention"] = attn.block_mask(attention_mask, self.config.local_attention // 2)
+            masks["sliding_attention"] = attn.sliding_mask(attention_mask, self.config.local_attention // 2)
         return masks
 
     def _ropes(self, input_ids, position_ids) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
