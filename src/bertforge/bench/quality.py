@@ -39,9 +39,11 @@ ANCHOR_SEQUENCES = 1_000_000 * 256
 
 # ------------------------------------------------------------------------------------------- ours
 def _pretrain(config: str, sets: list[str], timeout_s: float) -> Path:
-    """`python -m bertforge pretrain --config CONFIG --set ...` as a user starts it; returns its output dir."""
+    """`python -m bertforge pretrain --config CONFIG --set ...` as a user starts it; returns its output dir.
+    A benchmark measures afresh: `--overwrite` replaces what an earlier run of it left in its own directory."""
     out = Path(next(s.split("=", 1)[1] for s in sets if s.startswith("train.output_dir=")))
-    cmd = [sys.executable, "-m", "bertforge", "pretrain", "--config", config, *(x for s in sets for x in ("--set", s))]
+    cmd = [sys.executable, "-m", "bertforge", "pretrain", "--config", config, "--overwrite"]
+    cmd += [x for s in sets for x in ("--set", s)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
     if proc.returncode:
         raise RuntimeError(f"bertforge pretrain failed ({proc.returncode}): {proc.stderr[-3000:]}")
