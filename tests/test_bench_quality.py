@@ -63,6 +63,15 @@ def test_update_rate_leaves_out_the_first_window():
     assert quality.update_rate(rows) == 5.0  # median of 5, 4, 5 updates/s
 
 
+def test_equal_time_checks_common_eval_before_training(tmp_path):
+    runs = {"a": {"config": "demo_tiny_mlm_128"}}
+    with pytest.raises(UserError, match="common_eval: give dir"):
+        quality.equal_time(str(tmp_path), runs, common_eval={"batch": 4})
+    with pytest.raises(UserError, match="held-out directory .*nowhere does not exist"):
+        quality.equal_time(str(tmp_path), runs, common_eval={"dir": str(tmp_path / "nowhere")})
+    assert not (tmp_path / "a").exists()
+
+
 def test_equal_time_refuses_a_run_without_a_config(tmp_path):
     with pytest.raises(UserError, match="equal_time run 'a': give config"):
         quality.equal_time(str(tmp_path), {"a": {"sets": []}})
@@ -95,9 +104,13 @@ def test_equal_time_trains_bert_and_modernbert_on_one_task(tmp_path, monkeypatch
         "modern": {"config": "modernbert_tiny_1024", "sets": ["model.max_position_embeddings=1024"]},
     }
     monkeypatch.setattr(quality, "update_rate", lambda rows: 3.0)  # 6 updates in the 2 s budget, however loaded
-    r = quality.equal_time(str(tmp_path / "out"), runs, budget_s=2, eval_every=2, calib_steps=4, sets=common)
+    same = {"dir": str(data / "eval_mlm"), "batch": 4, "batches": 2}
+    r = quality.equal_time(
+        str(tmp_path / "out"), runs, budget_s=2, eval_every=2, calib_steps=4, sets=common, common_eval=same
+    )
     for name in runs:
         assert 0.0 <= r[f"{name}_final_acc"] <= 1.0 and r[f"{name}_steps"] in (2, 4, 6)
+        assert 0.0 <= r[f"{name}_common_acc"] <= 1.0
     assert 1e6 < r["bert_parameters"] < r["modern_parameters"]  # 4 layers of GeGLU against 2 of GELU, one vocab
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| bert | demo_tiny_mlm_128 |" in report and "| modern | modernbert_tiny_1024 |" in report

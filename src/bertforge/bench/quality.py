@@ -309,19 +309,25 @@ def equal_time(
     calib_steps: int = 20,
     sets: list[str] | None = None,
     timeout_s: float = 600,
+    common_eval: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Product recipes at equal time: each of `runs` (name -> {"config": a pretrain preset, "sets": [...]}) is
     `bertforge pretrain` for `budget_s` training seconds (`budget_pretrain`), one after another, with `sets`
     common to all (e.g. data.eval_mlm_probability=0.15, so runs trained at different masking rates are scored on
-    one task). Writes OUT/curve.jsonl, OUT/curves.png and OUT/report.md (parameters, updates, final held-out
-    accuracy of each run)."""
+    one task). `common_eval` ({dir, batch, batches, mlm_probability}): every run's final model is also scored on
+    that one held-out directory (runs whose own held-out rows differ, e.g. in length, on the same rows).
+    Writes OUT/curve.jsonl, OUT/curves.png and OUT/report.md (parameters, updates, final held-out accuracy of
+    each run)."""
     for name, r in runs.items():
         if "config" not in r or set(r) - {"config", "sets"}:
             raise UserError(f"equal_time run {name!r}: give config (a pretrain preset) and optionally sets, not {r}")
+    common = _common_eval(common_eval)
     out = Path(out_dir)
     rows: list[dict[str, Any]] = []
     result: dict[str, float] = {}
     table = ["| run | config | parameters | updates | train s | final held-out MLM acc |", "|---|---|---|---|---|---|"]
+    if common:
+        table = [table[0][:-1] + f"| final model on {common['dir']} |", table[1] + "---|"]
     for name, r in runs.items():
         run_sets = [*(sets or []), *r.get("sets", []), "train.tensorboard=false", "train.plot=false"]
         side = budget_pretrain(r["config"], run_sets, out / name, budget_s, eval_every, calib_steps, timeout_s)
@@ -330,10 +336,12 @@ def equal_time(
         last = curve[-1]
         result.update({f"{name}_final_acc": last["acc"], f"{name}_steps": last["step"]})
         result[f"{name}_parameters"] = side["parameters"]
-        table.append(
-            f"| {name} | {r['config']} | {side['parameters'] / 1e6:.2f}M | {last['step']} | "
-            f"{last['train_s']:.0f} | {last['acc']:.4f} |"
-        )
+        row = f"| {name} | {r['config']} | {side['parameters'] / 1e6:.2f}M | {last['step']} | "
+        row += f"{last['train_s']:.0f} | {last['acc']:.4f} |"
+        if common:
+            result[f"{name}_common_acc"] = score_model(side["model_dir"], common)
+            row += f" {result[f'{name}_common_acc']:.4f} (update {side['steps']}) |"
+        table.append(row)
     curve_file = write_text(out / "curve.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     from bertforge.bench.pretrain import plot_curves
 
@@ -341,6 +349,45 @@ def equal_time(
     head = f"{budget_s:g} s of training per run (evaluation excluded); common settings: {', '.join(sets or []) or '-'}"
     write_text(out / "report.md", "\n".join([head, "", *table]) + "\n")
     return result
+
+
+def _common_eval(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`equal_time`'s common_eval with its defaults, checked before any training starts."""
+    if not spec:
+        return None
+    allowed = {"dir", "batch", "batches", "mlm_probability", "seed"}
+    if "dir" not in spec or set(spec) - allowed:
+        raise UserError(
+            f"equal_time common_eval: give dir and optionally batch, batches, mlm_probability, seed; not {spec}"
+        )
+    if not Path(spec["dir"]).is_dir():
+        raise UserError(f"equal_time common_eval: held-out directory {spec['dir']} does not exist")
+    return {"batch": 32, "batches": 20, "mlm_probability": 0.15, "seed": 12345, **spec}
+
+
+def score_model(model_dir: str, common: dict[str, Any]) -> float:
+    """Held-out MLM accuracy of a saved pre-trained model on `common`'s directory, as `bertforge pretrain`'s own
+    evaluation computes it (the same batches and masks for every model given the same settings)."""
+    from bertforge.model.hf_interop import load_pretrained
+    from bertforge.runtime.distributed import DistInfo
+    from bertforge.train.loop import evaluate
+
+    model, config = load_pretrained(model_dir, "mlm")
+    where = dev.resolve_device("auto")
+    masking = {"mlm_probability": common["mlm_probability"]}
+    r = evaluate(
+        model.to(where),
+        common["dir"],
+        where,
+        dev.resolve_precision("auto", where),
+        common["batch"],
+        common["batches"],
+        DistInfo(),
+        config.vocab_size,
+        common["seed"],
+        masking,
+    )
+    return r["eval_mlm_acc"]
 
 
 def report(p: dict[str, Any], r: dict[str, float], tables: dict[str, Any]) -> str:
