@@ -1,4 +1,6 @@
+import inspect
 import json
+from pathlib import Path
 
 import pytest
 
@@ -209,3 +211,16 @@ def test_a_spec_of_the_wrong_shape_is_one_line_naming_the_file(tmp_path, capsys,
     assert main(["bench", "--spec", str(p)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(p) in err and "Traceback" not in err
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*.yml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_every_shipped_spec_loads_and_its_calls_take_their_params(path):
+    """The GPU specs cannot run here: a typo in one would only show on the machine whose minutes it costs."""
+    spec = harness.load_spec(str(path))
+    assert spec.benchmarks
+    for b in spec.benchmarks:
+        fn = harness.resolve_fn(b.fn)
+        inspect.signature(fn).bind(**b.params)  # TypeError names the unknown or missing parameter
