@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -94,7 +95,7 @@ def test_a_failing_batched_call_is_rerun_request_by_request(classify, monkeypatc
 # ------------------------------------------------------------------------------------- a pre-trained checkpoint
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory) -> Path:
-    """A BERT-tiny that `bertforge pretrain` wrote (a few steps): its model dir holds vocab.txt, no tokenizer.json."""
+    """A BERT-tiny that `bertforge pretrain` wrote (a few steps), with the tokenizer files it ships."""
     from bertforge.cli import main
 
     root = tmp_path_factory.mktemp("pretrained")
@@ -129,13 +130,21 @@ def pretrained(tmp_path_factory) -> Path:
     }
     assert main(["pretrain", *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]) == 0
     model = Path(json.loads((root / "run" / "summary.json").read_text())["model_dir"])
-    assert (model / "vocab.txt").is_file() and not (model / "tokenizer.json").exists()
+    assert {"vocab.txt", "tokenizer.json", "tokenizer_config.json"} <= {f.name for f in model.iterdir()}
     return model
 
 
-def test_fill_mask_predictor_on_a_pretrained_checkpoint(pretrained):
-    """[MASK] stays one token with the vocab.txt-only tokenizer; max_seq_len fits the model's 64 positions."""
-    p = Predictor.from_dir("fill-mask", pretrained, fit_seq_len=True)
+@pytest.mark.parametrize("files", ["as written", "vocab.txt only"])
+def test_fill_mask_predictor_on_a_pretrained_checkpoint(pretrained, tmp_path, files):
+    """[MASK] stays one token, with the shipped tokenizer files and with a vocab.txt alone (as Google's and
+    NVIDIA's checkpoints come); max_seq_len fits the model's 64 positions."""
+    model = pretrained
+    if files == "vocab.txt only":
+        model = tmp_path / "m"
+        model.mkdir()
+        for name in ("config.json", "model.safetensors", "vocab.txt"):
+            shutil.copy2(pretrained / name, model / name)
+    p = Predictor.from_dir("fill-mask", model, fit_seq_len=True)
     assert p.limits.max_seq_len == 64
     assert p.tok.encode("paris is the [MASK] .", add_special_tokens=False).tokens[3] == "[MASK]"
     p.warmup(rows=2)  # what `bertforge serve` runs before it reports ready

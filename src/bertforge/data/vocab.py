@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -53,8 +54,9 @@ def _guess_lowercase(path: Path, vocab: dict[str, int]) -> bool:
         return True
     if "cased" in name:
         return False
-    # an uncased vocab has no upper-case letters outside the [SPECIAL] tokens
-    return not any(any(c.isupper() for c in t) for t in vocab if not (t.startswith("[") and t.endswith("]")))
+    # an uncased vocab holds only what lower-casing leaves unchanged outside the [SPECIAL] tokens; "upper-case"
+    # letters with no lower case (the double-struck ℂ, ℝ of maths text) survive lower-casing in uncased vocabs too
+    return all(t == t.lower() for t in vocab if not (t.startswith("[") and t.endswith("]")))
 
 
 def wordpiece_from_vocab(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
@@ -194,6 +196,44 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> Path:
     write_text(out / "vocab.txt", "".join(t + "\n" for t, _ in by_id))
     write_text(out / "tokenizer.json", tok.to_str(pretty=True))
     return out
+
+
+def tokenizer_source(vocab_file: Path) -> Path:
+    """The file that defines a vocab's tokenizer: a vocab.txt's sibling tokenizer.json when it holds the same
+    tokens (it carries the normalizer, lower-casing included, that a vocab.txt can only be guessed from), else
+    the file itself."""
+    sibling = vocab_file.with_name("tokenizer.json")
+    if vocab_file.name != "tokenizer.json" and sibling.is_file():
+        try:
+            if Tokenizer.from_file(str(sibling)).get_vocab() == read_vocab_txt(vocab_file):
+                return sibling
+        except Exception:  # tokenizers raises a plain Exception on malformed JSON: keep the vocab.txt
+            pass
+    return vocab_file
+
+
+def save_hf_tokenizer(vocab_file: Path, out_dir: Path, model_max_length: int) -> None:
+    """The tokenizer files of a Hugging Face model directory, so that `AutoTokenizer` (and the fill-mask pipeline)
+    loads the tokenizer the model was trained with, whatever the architecture: tokenizer.json (normalizer,
+    post-processor), tokenizer_config.json (class, special tokens, lower-casing), and for WordPiece vocab.txt
+    (Google's and NVIDIA's readers)."""
+    src = tokenizer_source(vocab_file)
+    tok = load_tokenizer(src)
+    by_id = {i: t for t, i in tok.get_vocab().items()}
+    names = {role: by_id[i] for role, i in special_ids(tok, source=src).items() if i in by_id}
+    config: dict[str, object] = {f"{role}_token": t for role, t in names.items()}
+    config["model_max_length"] = model_max_length
+    if isinstance(tok.model, models.WordPiece):
+        normalizer = json.loads(tok.to_str()).get("normalizer") or {}
+        config.update(tokenizer_class="BertTokenizer", do_lower_case=bool(normalizer.get("lowercase", False)))
+        if vocab_file.name == "vocab.txt":
+            shutil.copyfile(vocab_file, out_dir / "vocab.txt")
+        else:
+            write_text(out_dir / "vocab.txt", "".join(by_id[i] + "\n" for i in sorted(by_id)))
+    else:
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    write_text(out_dir / "tokenizer.json", tok.to_str(pretty=True))
+    write_text(out_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
 
 
 def iter_document_lines(paths: Iterable[Path]) -> Iterator[str]:

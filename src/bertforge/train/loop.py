@@ -164,13 +164,15 @@ def build_bert_config(cfg: PretrainConfig, vocab_size: int):
 
 
 def model_writer(model: torch.nn.Module, config, task: str, vocab_file: Path | None) -> Callable[[Path], None]:
-    """A `write_model(dir)` for checkpoints: the HF-format model dir plus the vocab (so fill-mask works)."""
+    """A `write_model(dir)` for checkpoints: the HF-format model dir plus its tokenizer files (so transformers'
+    AutoTokenizer and fill-mask, and our serving, tokenize as the model was trained)."""
+    from bertforge.data.vocab import save_hf_tokenizer
     from bertforge.model.hf_interop import save_pretrained
 
     def write(path: Path) -> None:
         save_pretrained(ddp.unwrap(model), config, path, task)
         if vocab_file is not None:
-            shutil.copyfile(vocab_file, path / vocab_file.name)
+            save_hf_tokenizer(vocab_file, path, config.max_position_embeddings)
 
     return write
 
