@@ -99,8 +99,6 @@ class BandMask:
     """(B * nb, 1, w, 3w) bool, True where the query may attend to the key; nb = ceil(T / w)."""
     width: int
     """w, the block size: the half window."""
-    length: int
-    """T, the padded layout's length (the blocks pad it to nb * w)."""
 
 
 def band_usable(length: int, half_window: int | None) -> bool:
@@ -117,7 +115,7 @@ def band_mask(attention_mask: torch.Tensor, half_window: int) -> BandMask:
     B, T = attention_mask.shape
     w = half_window
     nb = -(-T // w)
-    seq = F.pad(attention_mask, (0, nb * w - T), value=-1)  # (B, nb*w); -1: past the row's end
+    seq = F.pad(attention_mask.long(), (0, nb * w - T), value=-1)  # (B, nb*w); -1: past the row's end
     q = seq.view(B, nb, w, 1)  # (B, nb, w, 1)
     k = F.pad(seq, (w, w), value=-1).unfold(1, 3 * w, w)[:, :, None, :]  # (B, nb, 1, 3w): blocks b-1, b, b+1
     r = torch.arange(w, device=seq.device)[:, None]  # query offset in its block
@@ -126,7 +124,7 @@ def band_mask(attention_mask: torch.Tensor, half_window: int) -> BandMask:
     allowed = (k > 0) & ((q == k) | (q == 0)) & band  # (B, nb, w, 3w)
     empty = ~allowed.any(dim=-1, keepdim=True)
     allowed = allowed | (empty & band & (k >= 0))  # block_mask's fallback: every key of the row in the window
-    return BandMask(allowed.view(B * nb, 1, w, 3 * w), w, T)
+    return BandMask(allowed.view(B * nb, 1, w, 3 * w), w)
 
 
 def banded(q, k, v, band: BandMask, dropout_p: float, fn) -> torch.Tensor:
