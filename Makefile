@@ -27,7 +27,8 @@ $(STAMP): pyproject.toml scripts/setup-system.sh
 demo: $(STAMP)
 	@bash scripts/demo.sh
 
-# BERT-tiny on ../shared/corpus/'s books + Wikipedia sample, then fill-mask (~15 minutes on 2 cores).
+# ModernBERT-tiny (MODEL=bert: BERT-tiny) on ../shared/corpus/'s books + Wikipedia sample, then fill-mask
+# (~15 minutes on 2 cores).
 demo-books: $(STAMP)
 	@bash scripts/demo_books.sh
 

@@ -226,13 +226,12 @@ def save_hf_tokenizer(vocab_file: Path, out_dir: Path, model_max_length: int) ->
     if isinstance(tok.model, models.WordPiece):
         normalizer = json.loads(tok.to_str()).get("normalizer") or {}
         config.update(tokenizer_class="BertTokenizer", do_lower_case=bool(normalizer.get("lowercase", False)))
-        if vocab_file.name == "vocab.txt":
+        save_tokenizer(tok, out_dir)  # vocab.txt and tokenizer.json
+        if vocab_file.name == "vocab.txt":  # the user's file byte for byte (its line endings, its duplicates)
             shutil.copyfile(vocab_file, out_dir / "vocab.txt")
-        else:
-            write_text(out_dir / "vocab.txt", "".join(by_id[i] + "\n" for i in sorted(by_id)))
     else:
         config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    write_text(out_dir / "tokenizer.json", tok.to_str(pretty=True))
+        write_text(out_dir / "tokenizer.json", tok.to_str(pretty=True))
     write_text(out_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
 
 
