@@ -224,3 +224,130 @@ def test_every_shipped_spec_loads_and_its_calls_take_their_params(path):
     for b in spec.benchmarks:
         fn = harness.resolve_fn(b.fn)
         inspect.signature(fn).bind(**b.params)  # TypeError names the unknown or missing parameter
+
+
+def _bench_cli(spec, out_json, *extra):
+    return main(
+        ["bench", "--spec", str(spec), "--json", str(out_json), "--md", str(out_json.with_suffix(".md")), *extra]
+    )
+
+
+def test_stop_after_leaves_the_rest_not_run_and_resume_runs_only_them(tmp_path, capsys):
+    """A lent machine's command limit: `--stop-after` starts nothing after S seconds; `--resume` keeps what the
+    earlier run finished (same samples, its date) and measures only the rest, ratios across both."""
+    p = tmp_path / "spec.yml"
+    p.write_text(
+        "repeat: 1\nwarmup: 0\nbenchmarks:\n"
+        "  - {name: first, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.4}}\n"
+        "  - {name: second, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.1}}\n"
+        "ratios:\n  - {name: r, num: first, den: second, metric: slept_s}\n"
+    )
+    out = tmp_path / "r.json"
+    assert _bench_cli(p, out, "--stop-after", "0.2") == 0
+    assert "--resume" in capsys.readouterr().out
+    first_run = json.loads(out.read_text())
+    first, second = first_run["results"]
+    assert first["metrics"]["slept_s"]["n"] == 1 and second["not_run"] and first_run["not_run"] == ["second"]
+    assert first_run["ratios"][0]["value"] is None
+    assert "**not run**" in out.with_suffix(".md").read_text()
+
+    assert _bench_cli(p, out, "--resume") == 0
+    resumed = json.loads(out.read_text())
+    kept, ran = resumed["results"]
+    assert kept["kept_from"] == first_run["date"] and kept["samples"] == first["samples"]
+    assert ran["metrics"]["slept_s"]["median"] == 0.1 and "kept_from" not in ran and resumed["not_run"] == []
+    assert resumed["ratios"][0]["value"] == pytest.approx(4.0)
+    assert "Kept from earlier runs of this spec (--resume): first" in out.with_suffix(".md").read_text()
+
+    p.write_text(p.read_text().replace("seconds: 0.4", "seconds: 0.2"))  # changed params are measured again
+    assert _bench_cli(p, out, "--resume") == 0
+    again = json.loads(out.read_text())
+    assert "kept_from" not in again["results"][0] and again["results"][1]["kept_from"] == resumed["date"]
+    assert again["ratios"][0]["value"] == pytest.approx(2.0)
+
+
+def test_stopped_interleaved_rounds_are_incomplete_and_rerun_whole(tmp_path):
+    p = tmp_path / "spec.yml"
+    p.write_text(
+        "repeat: 3\nwarmup: 0\ninterleave: true\nbenchmarks:\n"
+        "  - {name: a, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.2}}\n"
+        "  - {name: b, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.2}}\n"
+    )
+    spec = harness.load_spec(str(p))
+    report = harness.run_spec(spec, progress=lambda s: None, stop_after=0.15)  # round 1 only
+    assert [r.get("incomplete") for r in report["results"]] == [True, True] and report["not_run"] == ["a", "b"]
+    assert "**incomplete**" in harness.markdown(report)
+    again = harness.run_spec(spec, progress=lambda s: None, previous=report)
+    assert [r["metrics"]["slept_s"]["n"] for r in again["results"]] == [3, 3]
+    assert not any(r.get("kept_from") for r in again["results"])
+
+
+def test_the_report_is_on_disk_after_each_benchmark_when_the_run_is_killed(tmp_path, monkeypatch):
+    from bertforge.bench import selftest
+
+    def interrupted(**_):
+        raise KeyboardInterrupt  # as the lent machine's time limit ends the command
+
+    monkeypatch.setattr(selftest, "interrupted", interrupted, raising=False)
+    p = tmp_path / "spec.yml"
+    p.write_text(
+        "repeat: 1\nwarmup: 0\nbenchmarks:\n"
+        "  - {name: done, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.0}}\n"
+        "  - {name: killed, fn: 'bertforge.bench.selftest:interrupted', params: {}}\n"
+    )
+    out = tmp_path / "r.json"
+    assert _bench_cli(p, out) == 130  # the CLI's answer to an interrupt
+    done, killed = json.loads(out.read_text())["results"]
+    assert done["metrics"]["slept_s"]["n"] == 1 and killed["not_run"]
+
+
+def test_resume_refuses_another_spec_machine_or_a_broken_file(spec, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert _bench_cli(spec, out, "--repeat", "1") == 0
+    report = json.loads(out.read_text())
+    for change, message in [
+        (lambda r: r["machine"].update(torch="0.0"), "measured with torch"),
+        (lambda r: r.update(spec="other.yml"), "a report of other.yml"),
+        (lambda r: r.pop("results"), "not a report"),
+    ]:
+        broken = json.loads(json.dumps(report))
+        change(broken)
+        out.write_text(json.dumps(broken))
+        assert _bench_cli(spec, out, "--resume") == 2
+        assert message in capsys.readouterr().err
+    out.write_text("{")
+    assert _bench_cli(spec, out, "--resume") == 2 and "not valid JSON" in capsys.readouterr().err
+    assert main(["bench", "--spec", str(spec), "--resume"]) == 2 and "--resume needs --json" in capsys.readouterr().err
+
+
+def test_show_prints_a_saved_report_and_rejects_other_files(spec, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert _bench_cli(spec, out, "--repeat", "1") == 0
+    capsys.readouterr()
+    assert main(["bench", "--show", str(out), "--md", str(tmp_path / "again.md")]) == 0
+    assert "| long_vs_short | long / short | slept_s |" in capsys.readouterr().out
+    assert (tmp_path / "again.md").read_text() == out.with_suffix(".md").read_text()
+    (tmp_path / "other.json").write_text('{"a": 1}')
+    for path, message in [(tmp_path / "other.json", "not a report"), (tmp_path / "none.json", "does not exist")]:
+        assert main(["bench", "--show", str(path)]) == 2 and message in capsys.readouterr().err
+
+
+def test_the_gpu_script_resumes_from_an_earlier_calls_reports(tmp_path):
+    """scripts/bench_gpu.sh on a CPU spec: a second call given the first's folder keeps its entries."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_gpu.sh"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "MARGIN": "0"}
+
+    def call(out, *args):
+        proc = subprocess.run([str(script), str(out), "60", *args], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return json.loads((out / "matmul.json").read_text())
+
+    first = call(tmp_path / "one", "", "matmul")
+    assert first["not_run"] == [] and not any(r.get("kept_from") for r in first["results"])
+    second = call(tmp_path / "two", str(tmp_path / "one"), "matmul")
+    assert [r["kept_from"] for r in second["results"]] == [first["date"]] * 2
+    assert "steps: matmul" in (tmp_path / "two" / "bench_gpu.log").read_text()

@@ -79,11 +79,37 @@ def test_top_ops_ranks_kernels_only_on_a_device():
         ev("sm90_gemm", DeviceType.CUDA, 300.0, 0.0, 2),
         ev("elementwise", DeviceType.CUDA, 100.0, 0.0, 4),
         ev("aten::add", DeviceType.CPU, 0.0, 10.0),
+        # a range on the device's timeline spans its kernels (is_user_annotation): not a kernel of its own
+        SimpleNamespace(**vars(ev("ProfilerStep#3", DeviceType.CUDA, 400.0, 0.0)), is_user_annotation=True),
     ]
     dev = prof.top_ops(events, on_device=True)
     assert [r["name"] for r in dev] == ["sm90_gemm", "elementwise"] and dev[0]["share"] == pytest.approx(0.75)
     cpu = prof.top_ops(events, on_device=False, n=1)
     assert cpu == [{"name": "aten::mm", "self_ms": 0.05, "share": pytest.approx(50 / 60), "calls": 2}]
+
+
+def test_step_timeline_splits_each_update_into_its_parts(monkeypatch):
+    """Host-clock marks (CPU): each part is the time from the mark before; "between" is the gap since the last
+    update; the warm-up update and one whose gradients were not finite (no optimizer mark) are not counted."""
+    clock = iter(range(100))
+    monkeypatch.setattr(prof.time, "perf_counter", lambda: next(clock) / 1000)  # one ms per mark
+    timeline = prof.StepTimeline("cpu")
+    parts_of_an_update = ["start", "forward", "backward", "forward", "backward", "clip", "optimizer"]
+    for _ in range(2):  # warm-up, then one counted update (accum 2)
+        for part in parts_of_an_update:
+            timeline.mark(part)
+    for part in ["start", "forward", "backward", "clip"]:  # skipped: non-finite gradients
+        timeline.mark(part)
+    for part in parts_of_an_update:
+        timeline.mark(part)
+    parts = timeline.summary(skip=1)
+    assert list(parts) == list(prof.STEP_PARTS)
+    assert {p: v["ms"] for p, v in parts.items()} == pytest.approx(
+        {"forward": 2.0, "backward": 2.0, "clip": 1.0, "optimizer": 1.0, "between": 1.0}
+    )
+    assert parts["forward"]["share"] == pytest.approx(2 / 7)
+    assert "optimizer 14.3% (1.0 ms)" in prof.format_parts(parts)
+    assert prof.StepTimeline("cpu").summary() == {}
 
 
 def test_format_table_truncates_long_names():

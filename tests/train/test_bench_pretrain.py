@@ -7,6 +7,7 @@ import pytest
 from bertforge.bench import baseline
 from bertforge.bench import pretrain as bench
 from bertforge.bench import step as bench_step
+from bertforge.errors import UserError
 from bertforge.runtime import step as product
 from bertforge.train import loop
 
@@ -61,3 +62,44 @@ def test_time_to_accuracy(shards, impl):
         impl, "tiny", str(shards), str(shards), target=1.1, batch=4, eval_every=1, eval_batches=1, max_seconds=0.01
     )
     assert m["seconds_to_target"] == math.inf
+
+
+def test_the_loop_benchmark_runs_bertforge_pretrain_and_its_curves_compare(tmp_path):
+    """`bench.pretrain_loop.loop` (the GPU loop spec's entries) runs the real CLI in a child process on the
+    synthetic source and summarises it; `compare_curves` reads the copied metrics.jsonl back."""
+    from bertforge.bench import pretrain_loop as pl
+
+    curve = tmp_path / "eager_seed1.jsonl"
+    m = pl.loop(
+        preset="base",
+        seq_len=512,  # phase-2 lengths: ~1.9 sequences per packed row
+        max_pred=20,
+        pack=3,
+        micro_batch=8,
+        steps=8,
+        warmup_steps=2,
+        log_every=2,
+        precision="fp32",
+        device="cpu",
+        curve=str(curve),
+        extra=["model.preset=tiny", "data.synthetic_vocab_size=64"],
+    )
+    assert m["steps_measured"] == 6 and m["seq_per_s"] > m["rows_per_s"] > 0 and 0 < m["mfu"] < 1
+    assert m["first_step_s"] > 0 and math.isfinite(m["final_loss"])
+    hf = pl.hf_loop(preset="tiny", seq_len=64, max_pred=8, micro_batch=4, steps=3, warmup_steps=1, device="cpu")
+    assert hf["seq_per_s"] > 0 and hf["step_ms"] > 0
+
+    # curves with known distances from the reference: the other seed 0.2 away, a fast run 0.1 away
+    import json
+
+    def write(name, shift):
+        rows = [{"step": s, "loss": 10.0 - s / 100 + shift, "seq_per_s": 1.0} for s in range(10, 110, 10)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(tmp_path / f"{name}.jsonl")
+
+    ref, noise, fast = write("ref", 0.0), write("seed2", 0.2), write("fast", -0.1)
+    out = pl.compare_curves(ref, noise, [fast], png=str(tmp_path / "c.png"), skip_steps=20)
+    assert out["band"] == pytest.approx(0.2) and out["fast_over_band"] == pytest.approx(0.5)
+    assert open(tmp_path / "c.png", "rb").read(4) == b"\x89PNG"
+    with pytest.raises(UserError, match="share no logged step"):
+        pl.compare_curves(ref, noise, [str(curve)], skip_steps=20)  # the real run logged steps 2..8 only

@@ -258,6 +258,10 @@ def test_synthetic_source_trains_and_profiles(tmp_path, overrides, pack):
         assert rows[-1]["seq_per_s"] > rows[-1]["rows_per_s"]
     trace = json.loads((out / "profile" / "trace.json").read_text())
     assert trace["traceEvents"] and (out / "profile" / "top_ops.txt").read_text().strip()
+    parts = json.loads((out / "profile" / "step_parts.json").read_text())  # the 2 steps after the warm-up one
+    assert list(parts) == ["forward", "backward", "clip", "optimizer", "between"]
+    assert sum(v["share"] for v in parts.values()) == pytest.approx(1.0)
+    assert parts["forward"]["ms"] > 0 and parts["backward"]["ms"] > 0 and parts["optimizer"]["ms"] > 0
     assert not (out / "checkpoints").exists()  # train.save_every=0: a benchmark run writes no checkpoint
 
 

@@ -1,13 +1,20 @@
 """`bertforge bench --spec FILE.yml [--only NAME] [--json OUT] [--md OUT] [--repeat N]
-[--interleave | --concurrent]`."""
+[--interleave | --concurrent] [--stop-after S] [--resume]`; `bertforge bench --show REPORT.json [--md OUT]`."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bertforge.errors import UserError, first_line
 
 
 def bench_add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec", required=True, help="benchmark spec: a YAML path or a name in benchmarks/")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--spec", help="benchmark spec: a YAML path or a name in benchmarks/")
+    what.add_argument("--show", metavar="REPORT", help="print the tables of a report written by --json (no run)")
     p.add_argument(
         "--only",
         action="append",
@@ -29,17 +36,75 @@ def bench_add(p: argparse.ArgumentParser) -> None:
         default=None,
         help="run every benchmark at once, each in its own process (default: the spec's `concurrent`)",
     )
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start no benchmark (or interleaved round) after S seconds; the rest are reported as not run",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the finished entries of the --json report of an earlier run of this spec and run the rest",
+    )
 
 
 def bench_run(args: argparse.Namespace) -> int:
     from bertforge.bench import harness
 
+    if args.show:
+        report = _read_report(Path(args.show), "--show")
+        try:
+            text = harness.markdown(report)
+        except (KeyError, TypeError, AttributeError):
+            raise UserError(f"--show: {args.show} is not a report written by `bertforge bench --json`") from None
+        print(text)
+        harness.write_outputs(report, None, args.md_out)
+        return 0
     spec = harness.load_spec(args.spec)
     if args.repeat is not None:
         for b in spec.benchmarks:
             b.repeat = max(1, args.repeat)
-    report = harness.run_spec(spec, args.only, interleave=args.interleave, concurrent=args.concurrent)
+    if args.stop_after is not None and args.stop_after < 0:
+        raise UserError(f"--stop-after must be >= 0 seconds, not {args.stop_after:g}")
+    previous = _previous_report(args, spec) if args.resume else None
+    report = harness.run_spec(
+        spec,
+        args.only,
+        interleave=args.interleave,
+        concurrent=args.concurrent,
+        stop_after=args.stop_after,
+        previous=previous,
+        on_update=lambda partial: harness.write_outputs(partial, args.json_out, args.md_out),
+    )
     print()
     print(harness.markdown(report))
     harness.write_outputs(report, args.json_out, args.md_out)
+    if report["not_run"] and args.json_out:
+        print(f"to measure the rest: the same command with --resume (reads {args.json_out})")
     return 0
+
+
+def _previous_report(args: argparse.Namespace, spec: Any) -> dict[str, Any] | None:
+    from bertforge.bench import harness
+
+    if not args.json_out:
+        raise UserError("--resume needs --json FILE: the report of the earlier run, rewritten with this one's")
+    path = Path(args.json_out)
+    if not path.exists():
+        return None  # nothing measured yet: a first run, so scripts can always pass --resume
+    previous = _read_report(path, "--resume")
+    harness.check_resumable(previous, spec, str(path))
+    return previous
+
+
+def _read_report(path: Path, flag: str) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{flag}: {path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"{flag}: {path} is not valid JSON ({first_line(e)}); delete it or choose another file"
+        ) from None

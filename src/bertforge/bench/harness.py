@@ -30,6 +30,12 @@ conditions; ratios then also report the median of the per-round ratios (`paired`
 (give each a `threads` parameter so they share the cores fairly). It is for long one-shot runs — a fine-tuning
 run per side — where the baseline cannot use a second core anyway: both sides see the same machine over the
 same hours, and the whole spec takes as long as its slowest entry instead of the sum.
+
+Long specs on a machine lent for a bounded time: `--json` is rewritten after every finished benchmark (or
+interleaved round), so a run killed from outside keeps what it measured; `--stop-after S` starts no benchmark
+after S seconds and reports the rest as not run; `--resume` reads the `--json` report of an earlier run of the
+same spec on the same machine kind and runs only what it lacks (entries that failed, did not finish, or whose
+params changed).
 """
 
 from __future__ import annotations
@@ -256,7 +262,8 @@ def compute_ratio(r: RatioSpec, results: dict[str, dict[str, Any]]) -> dict[str,
     if r.target is not None:
         met = value <= r.target if r.lower_is_better else value >= r.target
     out = {**dataclasses.asdict(r), "value": value, "met": met}
-    if results[r.num].get("interleaved") and results[r.den].get("interleaved"):
+    same_run = results[r.num].get("kept_from") == results[r.den].get("kept_from")
+    if results[r.num].get("interleaved") and results[r.den].get("interleaved") and same_run:
         # round i of the numerator ran next to round i of the denominator: their ratio cancels slow drifts
         pairs = [a / b for a, b in zip(results[r.num]["samples"][r.metric], results[r.den]["samples"][r.metric]) if b]
         if pairs:
@@ -286,7 +293,14 @@ def run_spec(
     progress: Callable[[str], None] = print,
     interleave: bool | None = None,
     concurrent: bool | None = None,
+    stop_after: float | None = None,
+    previous: dict[str, Any] | None = None,
+    on_update: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """Run the selected benchmarks and return the report. `stop_after`: seconds after which no benchmark (or
+    interleaved round) starts; the rest are reported as not run. `previous`: an earlier report of this spec
+    (`--resume`) whose finished entries with the same fn and params are kept, not run again. `on_update`: called
+    with the report so far after every finished benchmark or round, so a run killed from outside keeps them."""
     selected = [b for b in spec.benchmarks if not only or b.name in only or any(o in b.name for o in only)]
     if only and not selected:
         raise UserError(
@@ -294,43 +308,136 @@ def run_spec(
         )
     interleave = spec.interleave if interleave is None else interleave
     concurrent = spec.concurrent if concurrent is None else concurrent
-    runners = [_Runner(b, progress) for b in selected]
-
     if interleave and concurrent:
         raise UserError("a spec runs either interleaved or concurrent, not both")
+    kept = _kept_results(previous, selected) if previous else {}
+    for name, res in kept.items():
+        progress(f"{name}: kept from the earlier run of {res['kept_from']}")
+    runners = [_Runner(b, progress) for b in selected if b.name not in kept]
+    clock = _Clock(stop_after)
+    date = _dt.datetime.now().isoformat(timespec="seconds")
+
+    def update() -> None:
+        if on_update:
+            on_update(_report(spec, selected, kept, runners, date, interleave, concurrent))
+
     if concurrent:
         for r in runners:
             progress(f"{r.b.name}: {r.b.fn} {r.b.params} (own process, concurrent)")
         _run_concurrent(runners)
     elif interleave:
-        for r in runners:
-            progress(f"{r.b.name}: {r.b.fn} {r.b.params} (warm-up)")
-            r.attempt(r.warmup)
-        for i in range(max((b.repeat for b in selected), default=0)):
-            progress(f"round {i + 1}")
-            for r in runners:
-                if r.error is None and r.done < r.b.repeat:
-                    r.attempt(r.once)
+        _run_interleaved(runners, clock, progress, update)
     else:
         for r in runners:
+            if clock.up():
+                break
             progress(f"{r.b.name}: {r.b.fn} {r.b.params}")
             r.attempt(r.all_repeats)
-    results = {}
+            update()
+    report = _report(spec, selected, kept, runners, date, interleave, concurrent)
+    if report["not_run"]:
+        progress(f"stopped at --stop-after {stop_after} s; not run: {', '.join(report['not_run'])}")
+    return report
+
+
+class _Clock:
+    """`--stop-after`: whether the time for starting benchmarks is up."""
+
+    def __init__(self, seconds: float | None):
+        self.end = None if seconds is None else time.monotonic() + seconds
+
+    def up(self) -> bool:
+        return self.end is not None and time.monotonic() >= self.end
+
+
+def _run_interleaved(
+    runners: list[_Runner], clock: _Clock, progress: Callable[[str], None], update: Callable[[], None]
+) -> None:
+    warm = []
     for r in runners:
-        results[r.b.name] = r.result()
+        if clock.up():
+            break
+        progress(f"{r.b.name}: {r.b.fn} {r.b.params} (warm-up)")
+        r.attempt(r.warmup)
+        warm.append(r)
+    for i in range(max((r.b.repeat for r in warm), default=0)):
+        if clock.up():
+            break
+        progress(f"round {i + 1}")
+        for r in warm:
+            if r.error is None and r.done < r.b.repeat:
+                r.attempt(r.once)
+        update()
+
+
+def _kept_results(previous: dict[str, Any], selected: list[BenchSpec]) -> dict[str, dict[str, Any]]:
+    """The earlier report's entries that finished every repeat without error, with this spec's fn and params."""
+    wanted = {b.name: b for b in selected}
+    kept = {}
+    for res in previous.get("results", []):
+        b = wanted.get(res.get("name"))
+        if b is None or res.get("error") or res.get("fn") != b.fn or res.get("params") != b.params:
+            continue
+        repeats = min((s["n"] for s in res.get("metrics", {}).values()), default=0)
+        if repeats >= b.repeat:  # every repeat finished (not stopped at a time limit)
+            kept[b.name] = {**res, "kept_from": res.get("kept_from", previous.get("date", "?"))}
+    return kept
+
+
+def _report(
+    spec: Spec,
+    selected: list[BenchSpec],
+    kept: dict[str, dict[str, Any]],
+    runners: list[_Runner],
+    date: str,
+    interleave: bool,
+    concurrent: bool,
+) -> dict[str, Any]:
+    ran = {r.b.name: r for r in runners}
+    results: dict[str, dict[str, Any]] = {}
+    for b in selected:
+        if b.name in kept:
+            results[b.name] = kept[b.name]
+            continue
+        r = ran[b.name]
+        res = r.result()
         if interleave:
-            results[r.b.name]["interleaved"] = True
+            res["interleaved"] = True
         if concurrent:
-            results[r.b.name]["concurrent"] = True
+            res["concurrent"] = True
+        if r.error is None and r.done < r.b.repeat:
+            res["not_run" if r.done == 0 else "incomplete"] = True
+        results[b.name] = res
     ratios = [compute_ratio(r, results) for r in spec.ratios if r.num in results and r.den in results]
     return {
         "title": spec.title,
         "spec": str(spec.path),
-        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "date": date,
         "machine": machine(),
         "results": list(results.values()),
         "ratios": ratios,
+        "not_run": [n for n, res in results.items() if res.get("not_run") or res.get("incomplete")],
     }
+
+
+def check_resumable(previous: dict[str, Any], spec: Spec, path: str) -> None:
+    """An earlier report may only be resumed by the same spec on the same kind of machine: medians measured
+    on different devices or torch versions must not share a table."""
+    if not isinstance(previous, dict) or "results" not in previous:
+        raise UserError(
+            f"--resume: {path} is not a report written by `bertforge bench --json`; delete it or choose another --json"
+        )
+    if Path(previous.get("spec", "")).stem != spec.path.stem:
+        raise UserError(
+            f"--resume: {path} is a report of {previous.get('spec')}, not of {spec.path}; choose another --json"
+        )
+    then, now = previous.get("machine", {}), machine()
+    for key in ("devices", "torch", "cpu"):
+        if then.get(key) != now[key]:
+            raise UserError(
+                f"--resume: {path} was measured with {key} {then.get(key)!r}, this machine has {now[key]!r}; "
+                "run without --resume or choose another --json"
+            )
 
 
 def _run_concurrent(runners: list[_Runner]) -> None:
@@ -400,10 +507,17 @@ def markdown(report: dict[str, Any]) -> str:
     for res in report["results"]:
         if res.get("error"):
             lines.append(f"| {res['name']} | **failed** | {res['error'][:120]} | | | |")
+        elif res.get("not_run"):
+            lines.append(f"| {res['name']} | **not run** | time limit (--stop-after) | | | |")
+        elif res.get("incomplete"):
+            lines.append(f"| {res['name']} | **incomplete** | stopped at the time limit (--stop-after) | | | |")
         for metric, s in res["metrics"].items():
             lines.append(
                 f"| {res['name']} | {metric} | {_fmt(s['median'])} | {_fmt(s['min'])} | {_fmt(s['max'])} | {s['n']} |"
             )
+    kept = sorted({f"{r['name']} ({r['kept_from']})" for r in report["results"] if r.get("kept_from")})
+    if kept:
+        lines += ["", f"Kept from earlier runs of this spec (--resume): {', '.join(kept)}."]
     if report["ratios"]:
         lines += ["", "| ratio | = | metric | value | target | met |", "|---|---|---|---|---|---|"]
         for r in report["ratios"]:

@@ -12,6 +12,7 @@ and the seconds from set-up to the end of the first step (compile included).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -185,3 +186,64 @@ def hf_loop(
         "peak_mem_gb": peak,
         "step_ms": 1000 * step_s,
     }
+
+
+def compare_curves(
+    reference: str,
+    noise: str,
+    fast: list[str],
+    png: str | None = None,
+    skip_steps: int = 20,
+) -> dict[str, float]:
+    """Does a fast path track the eager loss? `reference`: the eager run's metrics.jsonl (a `loop(curve=...)`
+    copy); `noise`: the eager run with another seed on the same data, whose distance from the reference is the
+    bf16 noise band; `fast`: runs with the same seed as the reference and fast paths on. Distance = mean
+    |loss difference| over the logged windows after `skip_steps` (each logged loss is already a window's mean).
+    A fast run tracks the reference when it is no farther from it than the other seed is (`<name>_over_band`
+    ≤ 1). Also draws every curve to `png`."""
+    curves = {Path(p).stem: _losses(p) for p in (reference, noise, *fast)}
+    ref = curves[Path(reference).stem]
+    band = _distance(ref, curves[Path(noise).stem], skip_steps)
+    out = {"band": band, "reference_final_loss": ref[max(ref)]}
+    for path in fast:
+        name = Path(path).stem
+        out[f"{name}_distance"] = _distance(ref, curves[name], skip_steps)
+        out[f"{name}_over_band"] = out[f"{name}_distance"] / band if band else math.inf
+    if png:
+        _plot_losses(curves, png)
+    return out
+
+
+def _losses(path: str) -> dict[int, float]:
+    """step → logged loss of a run's metrics.jsonl."""
+    rows = read_jsonl(path)
+    losses = {int(r["step"]): float(r["loss"]) for r in rows if r.get("loss") is not None and "seq_per_s" in r}
+    if not losses:
+        raise UserError(f"{path}: no logged training loss (a bertforge pretrain metrics.jsonl is expected)")
+    return losses
+
+
+def _distance(a: dict[int, float], b: dict[int, float], skip_steps: int) -> float:
+    steps = [s for s in a if s in b and s > skip_steps]
+    if not steps:
+        raise UserError(f"the curves share no logged step after step {skip_steps}: were they logged alike?")
+    return sum(abs(a[s] - b[s]) for s in steps) / len(steps)
+
+
+def _plot_losses(curves: dict[str, dict[int, float]], png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bertforge.runtime.metrics import save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, losses in curves.items():
+        ax.plot(list(losses), list(losses.values()), label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (MLM + NSP)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, png)

@@ -70,7 +70,13 @@ def top_ops(events: Any, on_device: bool, n: int = 15) -> list[dict[str, Any]]:
     from torch.autograd import DeviceType
 
     if on_device:
-        rows = [(e.key, _self_device_us(e), int(e.count)) for e in events if e.device_type != DeviceType.CPU]
+        rows = [
+            (e.key, _self_device_us(e), int(e.count))
+            for e in events
+            # a range (ProfilerStep#, Optimizer.step#, record_function) also shows on the device's timeline,
+            # spanning its kernels: ranking it with them would count their time twice
+            if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+        ]
     else:
         rows = [(e.key, float(e.self_cpu_time_total), int(e.count)) for e in events]
     rows = [r for r in rows if r[1] > 0]
@@ -168,6 +174,71 @@ def profile_steps(
             dev.synchronize(where)  # the step's kernels belong to this step's window
             prof.step()
     return prof.summary()
+
+
+# ============================================================================================ step parts
+STEP_PARTS = ("forward", "backward", "clip", "optimizer", "between")
+"""What `StepTimeline` splits a training step into: the forward and loss (with the copy of the batch to the
+device), the backward, the gradient norm and clip (with the one host sync of the step), the optimizer update
+(with clearing the gradients), and the time between two steps (the next batch, logging, the loop)."""
+
+
+class StepTimeline:
+    """Where a training step's time goes, by part (STEP_PARTS): `train_step` marks the end of each part. On CUDA
+    a mark is an event recorded on the stream, so the time between two marks is the device's timeline — its
+    kernels and the gaps where it waited for the host — and the parts add up to the step's wall time on the
+    GPU. (A torch.profiler range would miss the backward: autograd runs CUDA backward ops on a thread of its
+    own.) On other devices a mark is the host clock, which is the device's clock for ops that run synchronously.
+
+        timeline = StepTimeline(device)       # the loop sets step.timeline while --profile records
+        ... train_step(step, ...) ...         # marks "start", "forward", "backward", ..., "optimizer"
+        timeline.summary(skip=1)              # {part: {"ms": per step, "share": of the step}}
+    """
+
+    def __init__(self, device: torch.device | str):
+        self.cuda = torch.device(device).type == "cuda"
+        self.steps: list[list[tuple[str, Any]]] = []  # per step: (part ending at this mark, stamp)
+
+    def mark(self, part: str) -> None:
+        """`part` ends here; "start" begins a step (and ends the gap since the last one)."""
+        if part == "start":
+            self.steps.append([])
+        if self.steps:
+            self.steps[-1].append((part, self._stamp()))
+
+    def _stamp(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _ms(self, a: Any, b: Any) -> float:
+        return float(a.elapsed_time(b)) if self.cuda else (b - a) * 1e3
+
+    def summary(self, skip: int = 1) -> dict[str, dict[str, float]]:
+        """Mean milliseconds per step and share of the step for each part, over the steps after the first
+        `skip` (the profiler's warm-up); "between" is the gap before each counted step."""
+        if self.cuda:
+            torch.cuda.synchronize()  # every recorded event has happened
+        totals = dict.fromkeys(STEP_PARTS, 0.0)
+        counted = 0
+        for i in range(max(skip, 1), len(self.steps)):
+            marks, previous = self.steps[i], self.steps[i - 1]
+            if not marks or marks[-1][0] != "optimizer":
+                continue  # a step cut short (non-finite gradients skip the update) or still running
+            totals["between"] += self._ms(previous[-1][1], marks[0][1])
+            for (_, a), (part, b) in zip(marks, marks[1:]):
+                totals[part] += self._ms(a, b)
+            counted += 1
+        whole = sum(totals.values()) or 1.0
+        return {p: {"ms": v / max(counted, 1), "share": v / whole} for p, v in totals.items()} if counted else {}
+
+
+def format_parts(parts: dict[str, dict[str, float]]) -> str:
+    """One line: each part's share of the step and its milliseconds."""
+    shown = ", ".join(f"{p} {v['share']:.1%} ({v['ms']:.1f} ms)" for p, v in parts.items())
+    return f"step time by part: {shown or 'no complete update recorded'}"
 
 
 # ============================================================================================ power

@@ -27,6 +27,7 @@ import torch
 
 from bertforge import device as dev
 from bertforge.runtime import distributed as ddp
+from bertforge.runtime.profile import StepTimeline
 
 Batch = dict[str, torch.Tensor]
 
@@ -48,6 +49,8 @@ class TrainStep:
     """The DDP wrapper whose `no_sync` skips the all-reduce on early micro-batches (any other module: not
     distributed, nothing to skip)."""
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    timeline: StepTimeline | None = None
+    """Set while `--profile` records: the step marks the end of each of its parts on it (runtime.profile)."""
 
     @classmethod
     def build(
@@ -112,22 +115,33 @@ def train_step(
     each micro-batch's model output and device batch (the loop's metric sums); it must not sync the host.
     `weights`: each micro-batch's loss weight (default 1/accum each; fine-tuning weights a short last micro-batch
     by its share of the rows)."""
+    mark = step.timeline.mark if step.timeline is not None else _unmarked
+    mark("start")
     loss_sum = torch.zeros((), device=step.device, dtype=torch.float32)
     for i, batch in enumerate(micro_batches):
         batch = to_device(batch, step.device)
         with ddp.maybe_no_sync(step.sync_owner, i < accum - 1), dev.autocast(step.device, step.precision):
             out = step.model(**batch)
             loss = out.loss * (weights[i] if weights is not None else 1.0 / accum)
-        step.scaler.scale(loss).backward()
         loss_sum += loss.detach().float()
         if observe is not None:
             observe(out, batch)
+        mark("forward")
+        step.scaler.scale(loss).backward()
+        mark("backward")
     step.scaler.unscale_(step.optimizer)
     max_norm = step.max_grad_norm if step.max_grad_norm > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(step.params, max_norm, foreach=True)
     finite = bool(torch.isfinite(grad_norm).item())  # the one host sync per update
+    mark("clip")
     if finite:
         step.scaler.step(step.optimizer)
     step.scaler.update()
     step.optimizer.zero_grad(set_to_none=True)
+    if finite:
+        mark("optimizer")
     return StepResult(finite, grad_norm.detach(), loss_sum)
+
+
+def _unmarked(part: str) -> None:
+    """`train_step`'s part marks when no timeline records them."""

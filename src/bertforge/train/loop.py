@@ -45,7 +45,7 @@ from bertforge.runtime.activation import apply_activation_checkpointing
 from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger, read_jsonl
 from bertforge.runtime.preempt import Preemption
-from bertforge.runtime.profile import PowerSampler, StepProfiler
+from bertforge.runtime.profile import PowerSampler, StepProfiler, StepTimeline, format_parts
 from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step
 from bertforge.train import checkpoint as ckpt
 from bertforge.train.config import PretrainConfig
@@ -612,7 +612,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
         if prof is not None and not prof.done:
             prof.step()
             if prof.done:
-                _log0(run.info, f"profile of {profile_steps} steps: {prof.trace_path}\n{prof.table}")
+                _profiled(run, prof)
         if run.fp8_guard is not None and run.fp8_guard.observe(result.finite):
             _leave_fp8(run)
         if run.first_step_s is None:  # train_step synced the host: the device has finished the step
@@ -653,9 +653,20 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
 
 
 def _profiler(run: Run, steps: int) -> StepProfiler | None:
+    """The profiler of `--profile N` (main rank), with a timeline of the step's parts over the same steps."""
     if steps <= 0 or not run.info.is_main:
         return None
+    run.step.timeline = StepTimeline(run.device)
     return StepProfiler(Path(run.cfg.train.output_dir) / "profile", steps=steps, device=run.device).__enter__()
+
+
+def _profiled(run: Run, prof: StepProfiler) -> None:
+    """The profile window is complete: print its top kernels and the step's parts; write the parts next to the
+    trace (profile/step_parts.json)."""
+    timeline, run.step.timeline = run.step.timeline, None
+    parts = timeline.summary(skip=prof.warmup) if timeline is not None else {}
+    write_text(prof.out_dir / "step_parts.json", json.dumps(parts, indent=1) + "\n")
+    _log0(run.info, f"profile of {prof.steps} steps: {prof.trace_path}\n{prof.table}\n{format_parts(parts)}")
 
 
 def _log_window(run: Run, window: _Window, lr: float) -> None:

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU measurements that the CPU suite cannot take, in priority order, inside a bounded lease:
+#
+#   scripts/bench_gpu.sh OUT_DIR SECONDS [EARLIER_DIR] [STEP ...]
+#
+# OUT_DIR     where the reports (<spec>.json), the loss curves (curves.tgz) and the log (bench_gpu.log) go: at
+#             most five files, each written as soon as it exists, so a command killed at its limit keeps them
+# SECONDS     the wall time this command may use: no step, and no benchmark inside a step, starts once fewer
+#             than MARGIN seconds (default 150: about the longest single entry) are left
+# EARLIER_DIR OUT_DIR of an earlier call, copied back: its reports' finished entries are kept (`bertforge bench
+#             --resume`) and only the rest is measured; its curves are restored
+# STEP        tests, loop, long, profile, data, curve (default: these six, in this order) or any spec name
+#   tests    the CUDA tests: compiled step vs eager, FP8 vs bf16, pinned loaders, varlen flash vs padded SDPA
+#   loop     benchmarks/pretrain_loop_gpu.yml     issue 19: `bertforge pretrain` itself, BERT-base/large, vs HF
+#   long     benchmarks/modernbert_long_gpu.yml   issue 22: ModernBERT-base tokens/s at 8,192 and 1,024
+#   profile  `bertforge pretrain --profile 10`, BERT-large and -base phase 1 compiled: top kernels and the
+#            step's parts (forward, backward, clip, optimizer, between) into the log
+#   data     books+Wikipedia phase-1 shards (`data prepare --config books_wiki`) from the corpus's .xz samples
+#            in $CORPUS (default .carry/corpus, else ../shared/corpus); skipped when the shards exist
+#   curve    benchmarks/pretrain_curve_gpu.yml    issue 19: 300 steps on those shards, fast paths vs eager
+#
+# The lent machine has no network: FP8 needs torchao's wheel in .whl/ (installed into /tmp/site when torchao
+# is missing), and ../shared does not travel (copy the corpus's .xz files to .carry/corpus and carry .carry).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+usage="usage: scripts/bench_gpu.sh OUT_DIR SECONDS [EARLIER_DIR] [STEP ...]"
+out=${1:?$usage}
+seconds=${2:?$usage}
+earlier=${3:-}
+shift $(($# < 3 ? $# : 3))
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests loop long profile data curve)
+margin=${MARGIN:-150}
+end=$((SECONDS + seconds))
+corpus=${CORPUS:-$([ -d .carry/corpus ] && echo .carry/corpus || echo ../shared/corpus)}
+
+mkdir -p "$out"
+exec > >(tee -a "$out/bench_gpu.log") 2>&1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+if ! python3 -c "import torchao" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+if [ -n "$earlier" ] && [ -d "$earlier" ]; then
+  cp -n "$earlier"/*.json "$out"/ 2>/dev/null
+  [ -f "$earlier/curves.tgz" ] && mkdir -p runs && tar xzf "$earlier/curves.tgz" -C runs && cp "$earlier/curves.tgz" "$out/"
+fi
+
+echo "== $(date -Is) $(git rev-parse --short HEAD 2>/dev/null) steps: ${steps[*]}; ${seconds}s, margin ${margin}s"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader 2>/dev/null
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+
+left() { echo $((end - SECONDS - margin)); }
+
+bench() {  # bench SPEC: run what its report in OUT_DIR lacks, until the time is up
+  python3 -m bertforge bench --spec "$1" --json "$out/$1.json" --resume --stop-after "$(left)"
+}
+
+profile() {  # profile CONFIG MICRO_BATCH: 10 profiled steps of the compiled bf16 loop on the synthetic source
+  local dir=/tmp/bertforge-profile-$1
+  rm -rf "$dir"
+  timeout "$(left)" python3 -m bertforge pretrain --config "$1" --profile 10 \
+    --set train.output_dir="$dir" --set data.input_dir=synthetic --set data.eval_dir=null \
+    --set train.max_steps=16 --set train.micro_batch_size="$2" --set train.global_batch_size="$2" \
+    --set train.log_every=5 --set train.save_every=0 --set train.tensorboard=false --set train.plot=false \
+    --set train.compile=true --set train.attention=sdpa --set train.precision=bf16 \
+    --set train.init_checkpoint=null --set model.init_from=null
+}
+
+for step in "${steps[@]}"; do
+  if [ "$(left)" -le 0 ]; then
+    echo "== $step: not started, ${margin}s or less left"
+    continue
+  fi
+  echo "== $(date -Is) $step ($(left)s to start benchmarks in)"
+  case $step in
+    tests)
+      timeout "$(left)" python3 -m pytest -q -m "not slow" -p no:cacheprovider \
+        tests/train/test_gpu_step.py tests/model/test_gpu_varlen.py tests/train/test_fp8.py
+      ;;
+    loop) bench pretrain_loop_gpu ;;
+    long) bench modernbert_long_gpu ;;
+    profile)
+      profile pretrain_large_128 256
+      profile pretrain_base_128 256
+      ;;
+    data)
+      if [ -f runs/books_wiki/shards_phase1/manifest.json ]; then
+        echo "runs/books_wiki/shards_phase1 exists"
+      else
+        timeout "$(left)" python3 -m bertforge data prepare --config books_wiki \
+          --set "docs.source=$corpus/sample_*_50M.txt.xz"
+      fi
+      ;;
+    curve)
+      bench pretrain_curve_gpu
+      [ -d runs/curves ] && tar czf "$out/curves.tgz.tmp" -C runs curves && mv "$out/curves.tgz.tmp" "$out/curves.tgz"
+      ;;
+    *) bench "$step" ;;
+  esac
+done
+echo "== $(date -Is) done; reports in $out (bertforge bench --show FILE prints one)"
