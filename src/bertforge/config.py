@@ -181,10 +181,19 @@ class OptimConfig:
     """Denominator epsilon."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
+    compile: bool = False
+    """lamb only: compile its update with torch.compile, which fuses its dozen passes over the parameters,
+    moments and gradients into a few kernels (compiled once, at the first step). adamw has torch's fused
+    kernel on CUDA already."""
 
     def validate(self) -> None:
         if self.name not in ("lamb", "adamw"):
             raise ConfigError(f"optim.name must be lamb or adamw, not {self.name!r}")
+        if self.compile and self.name != "lamb":
+            raise ConfigError(
+                f"optim.compile compiles LAMB's update; optim.name is {self.name!r} (torch's own AdamW, fused on "
+                "CUDA): set optim.compile=false"
+            )
         from bertforge.optim.schedule import DECAY_SHAPES, SCHEDULES
 
         if self.schedule not in SCHEDULES:
@@ -202,6 +211,11 @@ class OptimConfig:
             raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
         if self.max_grad_norm < 0:
             raise ConfigError(f"optim.max_grad_norm must be >= 0, got {self.max_grad_norm}")
+
+
+def compile_keys(train: TrainConfig, optim: OptimConfig) -> list[str]:
+    """The settings of a run that ask for torch.compile (checked for its toolchain before the run starts)."""
+    return [k for k, on in (("train.compile", train.compile), ("optim.compile", optim.compile)) if on]
 
 
 # ------------------------------------------------------------------------------------------- machinery

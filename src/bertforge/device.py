@@ -136,6 +136,35 @@ def resolve_precision(spec: str, device: torch.device) -> str:
     return "fp32"
 
 
+def check_compile_toolchain(device: torch.device, keys: list[str]) -> None:
+    """torch.compile (the settings `keys` that asked for it) builds its kernels at the first step: on the CPU
+    with a C++ compiler, on CUDA with Triton. Missing, that is a failure minutes into a run; checked here
+    before it starts instead. An inductor whose internals moved (the lookup fails otherwise) is not refused."""
+    if not keys:
+        return
+    asked = " and ".join(keys)
+    if device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            raise UserError(
+                f"{asked}: torch.compile on CUDA needs Triton (pip install triton); or set it false"
+            ) from None
+    elif device.type == "cpu":
+        try:
+            from torch._inductor import cpp_builder
+            from torch._inductor.exc import InvalidCxxCompiler
+        except ImportError:
+            return
+        try:
+            cpp_builder.get_cpp_compiler()
+        except InvalidCxxCompiler:
+            raise UserError(
+                f"{asked}: torch.compile on the CPU builds its kernels with a C++ compiler and none was found "
+                "(g++ on PATH, or $CXX): install one (apt install g++) or set it false"
+            ) from None
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """Mixed-precision context for forward passes; a no-op in fp32."""
     if precision == "fp32":

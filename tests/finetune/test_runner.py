@@ -648,3 +648,32 @@ def test_eval_every_evaluates_within_epochs(tiny_model, tmp_path):
     # 4 updates per epoch: step 3 (0.75), the epoch ends (1, 2) and step 6 (1.5)
     assert [(h["step"], h["epoch"]) for h in s["history"]] == [(3, 0.75), (4, 1), (6, 1.5), (8, 2)]
     assert s["best"] in s["history"] and (tmp_path / "best" / "model.safetensors").is_file()
+
+
+def test_optim_compile_fine_tunes_with_the_compiled_lamb_and_checks_its_toolchain(tiny_model, tmp_path, monkeypatch):
+    """optim.compile reaches fine-tuning's LAMB; without a C++ compiler the run is refused before it starts."""
+    from torch._inductor import cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    from bertforge.finetune import runner
+
+    built = []
+    real = runner.build_optimizer
+    monkeypatch.setattr(runner, "build_optimizer", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
+    cfg = _cfg(tmp_path / "a", "optim.name=lamb", "optim.compile=true", "optim.lr=1e-2")
+    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
+    from bertforge.optim.lamb import lamb_update
+
+    assert s["skipped_steps"] == 0 and built[0]._update is not lamb_update  # torch.compile's wrapper of it
+
+    def no_compiler():
+        raise InvalidCxxCompiler
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    with pytest.raises(UserError, match="optim.compile: torch.compile on the CPU"):
+        run_finetune(
+            FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]),
+            _cfg(tmp_path / "b", "optim.name=lamb", "optim.compile=true"),
+        )
+    assert not (tmp_path / "b").exists()

@@ -101,3 +101,42 @@ def test_state_dict_roundtrip():
     for p, q in zip(a.parameters(), b.parameters()):
         assert torch.equal(p, q)
     assert ob.param_groups[0]["step"] == 4
+
+
+def test_compiled_update_tracks_the_foreach_one_and_compiles_once():
+    """`Lamb(compile=True)` (optim.compile) against the eager foreach path: 12 steps with a changing lr and the
+    global clip, fp32; one graph per group (decay, no-decay) for the whole run, none compiled after step 1."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    eager_model = Toy()
+    compiled_model = copy.deepcopy(eager_model)
+    eager = Lamb(param_groups(eager_model, 0.01), lr=1e-2, max_grad_norm=1.0)
+    compiled = Lamb(param_groups(compiled_model, 0.01), lr=1e-2, max_grad_norm=1.0, compile=True)
+    gen = torch.Generator().manual_seed(0)
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
+    for step in range(12):
+        x = torch.randn(16, 7, generator=gen) * (1 + step % 3)
+        for model, opt in ((eager_model, eager), (compiled_model, compiled)):
+            model.zero_grad()
+            model(x).pow(2).mean().backward()
+            for g in opt.param_groups:
+                g["lr"] = 1e-2 * (1 - step / 12)  # the schedule moves the lr every step
+            opt.step()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs == [2] * 12
+    pairs = list(zip(eager_model.named_parameters(), compiled_model.parameters()))
+    for (name, a), b in pairs:
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(compiled.state[b]["exp_avg_sq"], eager.state[a]["exp_avg_sq"], msg=name)
+    assert not torch.equal(compiled_model.dense.weight, Toy().dense.weight)
+
+
+def test_optim_compile_is_lamb_only():
+    from bertforge.config import ConfigError, OptimConfig
+
+    OptimConfig(name="lamb", compile=True).validate()
+    with pytest.raises(ConfigError, match="optim.compile compiles LAMB"):
+        OptimConfig(name="adamw", compile=True).validate()

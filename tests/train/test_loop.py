@@ -271,3 +271,21 @@ def test_bad_eval_dir_and_too_long_rows_fail_at_start_up(shards, tmp_path, overr
     with pytest.raises(UserError, match="max_position_embeddings"):
         run_pretrain(_cfg(shards, tmp_path / "b", **{"model.max_position_embeddings": 16}))
     assert not (tmp_path / "a" / "checkpoints").exists() and not (tmp_path / "b" / "checkpoints").exists()
+
+
+def test_compile_without_its_toolchain_fails_before_anything_is_built(shards, tmp_path, monkeypatch):
+    """torch.compile builds kernels at the first step (a C++ compiler on the CPU): a machine without one is
+    told at start-up, naming the setting, and no output directory is left behind."""
+    from torch._inductor import cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    def no_compiler():
+        raise InvalidCxxCompiler
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match=r"optim.compile: torch.compile on the CPU .* C\+\+ compiler"):
+        run_pretrain(_cfg(shards, out, **{"optim.compile": True}))
+    with pytest.raises(UserError, match=r"train.compile and optim.compile: "):
+        run_pretrain(_cfg(shards, out, **{"optim.compile": True, "train.compile": True}))
+    assert not out.exists()

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from bertforge import device as dev
+from bertforge.config import compile_keys
 from bertforge.data.vocab import load_tokenizer
 from bertforge.errors import UserError
 from bertforge.finetune import glue, squad
@@ -403,6 +404,7 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     if not (Path(run.model) / "config.json").is_file():
         raise UserError(f"--model {run.model}: not a Hugging Face-format model directory (no config.json)")
     info, device = D.init_distributed(t.device)
+    dev.check_compile_toolchain(device, compile_keys(t, cfg.optim))
     if t.global_batch_size % (t.micro_batch_size * info.world_size):
         raise UserError(
             f"train.global_batch_size {t.global_batch_size} must be a multiple of "
@@ -438,7 +440,9 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
 def build_step(s: Session) -> TrainStep:
     """The optimizer named by optim.name and the one training step (DDP wrapper when distributed)."""
     o = s.cfg.optim
-    optimizer = build_optimizer(s.model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, s.device.type)
+    optimizer = build_optimizer(
+        s.model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, s.device.type, o.compile
+    )
     wrapper = D.wrap_ddp(s.model, s.device, s.info) if s.info.distributed else None
     return TrainStep.build(s.model, optimizer, s.device, s.precision, o.max_grad_norm, s.cfg.train.compile, ddp=wrapper)
 

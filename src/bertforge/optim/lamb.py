@@ -61,7 +61,12 @@ def _math_dtype(p: torch.Tensor) -> torch.dtype:
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB (NVLAMB semantics, module docstring); moments are at least fp32 whatever the parameter dtype."""
+    """LAMB (NVLAMB semantics, module docstring); moments are at least fp32 whatever the parameter dtype.
+
+    `compile=True` runs each group's update (`lamb_update`) through torch.compile: inductor fuses its dozen
+    multi-tensor passes over the parameters, moments and gradients into a few kernels. The step's changing
+    numbers (lr, bias corrections, clip) reach it as one small tensor, so one graph per group serves the whole
+    run (compiled once, at the first step)."""
 
     def __init__(
         self,
@@ -71,6 +76,7 @@ class Lamb(torch.optim.Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.01,
         max_grad_norm: float = 0.0,
+        compile: bool = False,
     ):
         if lr <= 0 or eps <= 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"Lamb: invalid lr {lr}, eps {eps} or betas {betas}")
@@ -78,6 +84,8 @@ class Lamb(torch.optim.Optimizer):
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm, step=0
         )
         super().__init__(params, defaults)
+        self._update = torch.compile(lamb_update, dynamic=False) if compile else lamb_update
+        self._numbers: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # lr, bias corrections, clip
 
     @torch.no_grad()
     def global_grad_norm(self) -> torch.Tensor:
@@ -118,41 +126,83 @@ class Lamb(torch.optim.Optimizer):
                 grads.append(p.grad.to(_math_dtype(p)))
                 exp_avg.append(state["exp_avg"])
                 exp_avg_sq.append(state["exp_avg_sq"])
-            if clip is not None:
-                grads = list(torch._foreach_mul(grads, clip))
-            # m ← β1 m + (1−β1) g ;  v ← β2 v + (1−β2) g²
-            torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-            torch._foreach_mul_(exp_avg_sq, beta2)
-            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-            bc1 = 1 - beta1**t
-            bc2 = 1 - beta2**t
-            # u = m̂ / (√v̂ + eps) + wd·w
-            denom = torch._foreach_sqrt(exp_avg_sq)
-            torch._foreach_div_(denom, math.sqrt(bc2))
-            torch._foreach_add_(denom, group["eps"])
-            update = torch._foreach_div(exp_avg, denom)
-            torch._foreach_div_(update, bc1)
-            wd = group["weight_decay"]
-            fp32_params = [p.to(_math_dtype(p)) for p in params]
-            if wd != 0:
-                torch._foreach_add_(update, fp32_params, alpha=wd)
-                w_norm = torch._foreach_norm(fp32_params)
-                u_norm = torch._foreach_norm(update)
-                # trust ratio ‖w‖/‖u‖, 1 where either norm is 0 (NVLAMB); computed on device, no host sync
-                # one pass for −lr·trust (the ratio and the lr are folded into per-tensor scalars first)
-                scale = [
-                    torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) * -group["lr"]
-                    for w, u in zip(w_norm, u_norm)
-                ]
-                torch._foreach_mul_(update, scale)
-            else:
-                torch._foreach_mul_(update, -group["lr"])
-            if all(p.dtype == _math_dtype(p) for p in params):
-                torch._foreach_add_(params, update)
-            else:
-                for p, u in zip(params, update):
-                    p.add_(u.to(p.dtype))
+            dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+            numbers = self._step_numbers(
+                params[0].device, dtype, group["lr"], 1 - beta1**t, math.sqrt(1 - beta2**t), clip
+            )
+            wd = float(group["weight_decay"])
+            update = self._update(
+                params, grads, exp_avg, exp_avg_sq, numbers, beta1, beta2, group["eps"], wd, clip is not None
+            )
+            for p, u in zip(params, update or []):  # half-precision parameters: fp32 update, rounded once
+                p.add_(u.to(p.dtype))
         return loss
+
+    def _step_numbers(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        lr: float,
+        bc1: float,
+        sqrt_bc2: float,
+        clip: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """[lr, 1 − β1ᵗ, √(1 − β2ᵗ), clip] on the parameters' device in their math dtype, written in place with
+        fills (kernel arguments: no host sync, and no host buffer that a later step could overwrite before it
+        is read)."""
+        numbers = self._numbers.get((device, dtype))
+        if numbers is None:
+            numbers = self._numbers[(device, dtype)] = torch.ones(4, dtype=dtype, device=device)
+        for i, v in enumerate((lr, bc1, sqrt_bc2)):
+            numbers[i].fill_(v)
+        if clip is not None:
+            numbers[3].copy_(clip)
+        return numbers
+
+
+def lamb_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avg: list[torch.Tensor],
+    exp_avg_sq: list[torch.Tensor],
+    numbers: torch.Tensor,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    clipped: bool,
+) -> list[torch.Tensor] | None:
+    """One group's LAMB update in multi-tensor ops (steps 2–5 of the module docstring), in place on the moments
+    and — when every parameter is in its math dtype — on the parameters; otherwise the fp32 updates are returned
+    for the caller to add. `numbers` = [lr, 1 − β1ᵗ, √(1 − β2ᵗ), clip] (clip read only when `clipped`)."""
+    lr, bc1, sqrt_bc2, clip = numbers.unbind()
+    if clipped:
+        grads = list(torch._foreach_mul(grads, clip))
+    # m ← β1 m + (1−β1) g ;  v ← β2 v + (1−β2) g²
+    torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sq, beta2)
+    torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+    # u = m̂ / (√v̂ + eps) + wd·w
+    denom = torch._foreach_sqrt(exp_avg_sq)
+    torch._foreach_div_(denom, sqrt_bc2)
+    torch._foreach_add_(denom, eps)
+    update = torch._foreach_div(exp_avg, denom)
+    torch._foreach_div_(update, bc1)
+    math_params = [p.to(_math_dtype(p)) for p in params]
+    if weight_decay != 0:
+        torch._foreach_add_(update, math_params, alpha=weight_decay)
+        w_norm = torch._foreach_norm(math_params)
+        u_norm = torch._foreach_norm(update)
+        # trust ratio ‖w‖/‖u‖, 1 where either norm is 0 (NVLAMB); computed on device, no host sync
+        # one pass for −lr·trust (the ratio and the lr are folded into per-tensor scalars first)
+        scale = [torch.where((w > 0) & (u > 0), w / u, torch.ones_like(w)) * -lr for w, u in zip(w_norm, u_norm)]
+        torch._foreach_mul_(update, scale)
+    else:
+        torch._foreach_mul_(update, -lr)
+    if all(p.dtype == _math_dtype(p) for p in params):
+        torch._foreach_add_(params, update)
+        return None
+    return list(update)
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:
@@ -202,15 +252,17 @@ def build_optimizer(
     betas: tuple[float, float],
     eps: float,
     device_type: str = "cpu",
+    compile: bool = False,
 ) -> torch.optim.Optimizer:
-    """`lamb` (ours, foreach) or `adamw` (torch's fused kernel on CUDA, foreach elsewhere), no-decay by name.
+    """`lamb` (ours, foreach; `compile`: its update compiled) or `adamw` (torch's fused kernel on CUDA, foreach
+    elsewhere), no-decay by name.
 
     Gradient clipping is done by the training loop (one global norm for both optimizers), so LAMB's own
     max_grad_norm stays 0 here.
     """
     groups = param_groups(model, weight_decay)
     if name == "lamb":
-        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, compile=compile)
     if name == "adamw":
         fast = {"fused": True} if device_type == "cuda" else {"foreach": True}
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **fast)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bertforge import device as dev
+from bertforge.config import compile_keys
 from bertforge.data import synthetic
 from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides
 from bertforge.data.shardset import ShardSet
@@ -418,6 +419,7 @@ def setup(
     t, o = cfg.train, cfg.optim
     info, device = ddp.init_distributed(t.device)
     precision = dev.resolve_precision(t.precision, device)
+    dev.check_compile_toolchain(device, compile_keys(cfg.train, cfg.optim))
     shards = open_data(cfg, info)
     vocab_size, vocab_file = resolve_vocab(cfg, shards)
     ckpt_root = Path(t.output_dir) / "checkpoints"
@@ -427,7 +429,7 @@ def setup(
     model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size))
     model.to(device)
     guard = _enter_fp8(cfg, model, device, precision, info)
-    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type)
+    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type, o.compile)
     scaler = dev.grad_scaler(device, precision)
     state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
     if not resumed:
