@@ -9,12 +9,14 @@
 #             than MARGIN seconds (default 150: about the longest single entry) are left
 # EARLIER_DIR OUT_DIR of an earlier call, copied back: its reports' finished entries are kept (`bertforge bench
 #             --resume`) and only the rest is measured; its curves are restored
-# STEP        tests, loop, long, profile, data, curve (default: these six, in this order) or any spec name
-#   tests    the CUDA tests: compiled step vs eager, FP8 vs bf16, pinned loaders, varlen flash vs padded SDPA
-#   loop     benchmarks/pretrain_loop_gpu.yml     issue 19: `bertforge pretrain` itself, BERT-base/large, vs HF
-#   long     benchmarks/modernbert_long_gpu.yml   issue 22: ModernBERT-base tokens/s at 8,192 and 1,024
+# STEP        tests, profile, levers, long, loop, data, curve (default: these, in this order) or a spec name;
+#             SPEC:A,B runs only the spec's entries whose names contain A or B (`bench --only`)
+#   tests    the CUDA tests: compiled step, CUDA graphs, compiled LAMB, FP8, step parts, pinned loaders, varlen
 #   profile  `bertforge pretrain --profile 10`, BERT-large and -base phase 1 compiled: top kernels and the
 #            step's parts (forward, backward, clip, optimizer, between) into the log
+#   levers   pretrain_loop_gpu's new levers and the compiled entries they are compared with
+#   long     benchmarks/modernbert_long_gpu.yml   issue 22: ModernBERT-base tokens/s at 8,192 and 1,024
+#   loop     benchmarks/pretrain_loop_gpu.yml     issue 19: the rest of it (`bertforge pretrain` itself, vs HF)
 #   data     books+Wikipedia phase-1 shards (`data prepare --config books_wiki`) from the corpus's .xz samples
 #            in $CORPUS (default .carry/corpus, else ../shared/corpus); skipped when the shards exist
 #   curve    benchmarks/pretrain_curve_gpu.yml    issue 19: 300 steps on those shards, fast paths vs eager
@@ -29,7 +31,7 @@ seconds=${2:?$usage}
 earlier=${3:-}
 shift $(($# < 3 ? $# : 3))
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests loop long profile data curve)
+[ ${#steps[@]} -eq 0 ] && steps=(tests profile levers long loop data curve)
 margin=${MARGIN:-150}
 end=$((SECONDS + seconds))
 corpus=${CORPUS:-$([ -d .carry/corpus ] && echo .carry/corpus || echo ../shared/corpus)}
@@ -53,8 +55,10 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 
 left() { echo $((end - SECONDS - margin)); }
 
-bench() {  # bench SPEC: run what its report in OUT_DIR lacks, until the time is up
-  python3 -m bertforge bench --spec "$1" --json "$out/$1.json" --resume --stop-after "$(left)"
+bench() {  # bench SPEC[:A,B]: run what its report in OUT_DIR lacks (of the entries named), until the time is up
+  local spec=${1%%:*} only=()
+  [[ $1 == *:* ]] && IFS=, read -ra names <<<"${1#*:}" && for n in "${names[@]}"; do only+=(--only "$n"); done
+  python3 -m bertforge bench --spec "$spec" --json "$out/$spec.json" --resume --stop-after "$(left)" "${only[@]}"
 }
 
 profile() {  # profile CONFIG MICRO_BATCH: 10 profiled steps of the compiled bf16 loop on the synthetic source
@@ -79,6 +83,7 @@ for step in "${steps[@]}"; do
       timeout "$(left)" python3 -m pytest -q -m "not slow" -p no:cacheprovider \
         tests/train/test_gpu_step.py tests/model/test_gpu_varlen.py tests/train/test_fp8.py
       ;;
+    levers) bench pretrain_loop_gpu:lever_compiled_large128,lever_compiled_base128,optcompiled,cudagraphs,lever_compiled_nodrop ;;
     loop) bench pretrain_loop_gpu ;;
     long) bench modernbert_long_gpu ;;
     profile)

@@ -266,6 +266,16 @@ def test_stop_after_leaves_the_rest_not_run_and_resume_runs_only_them(tmp_path, 
     assert again["ratios"][0]["value"] == pytest.approx(2.0)
 
 
+def test_resume_with_only_keeps_the_other_entries_in_the_report(spec, tmp_path):
+    out = tmp_path / "r.json"
+    assert _bench_cli(spec, out, "--repeat", "1", "--only", "long") == 0
+    assert [r["name"] for r in json.loads(out.read_text())["results"]] == ["long"]
+    assert _bench_cli(spec, out, "--repeat", "1", "--only", "short", "--resume") == 0
+    both = json.loads(out.read_text())
+    assert [(r["name"], "kept_from" in r) for r in both["results"]] == [("short", False), ("long", True)]
+    assert both["ratios"][0]["value"] == pytest.approx(3.0)  # a ratio across the two runs
+
+
 def test_stopped_interleaved_rounds_are_incomplete_and_rerun_whole(tmp_path):
     p = tmp_path / "spec.yml"
     p.write_text(
@@ -346,8 +356,8 @@ def test_the_gpu_script_resumes_from_an_earlier_calls_reports(tmp_path):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         return json.loads((out / "matmul.json").read_text())
 
-    first = call(tmp_path / "one", "", "matmul")
-    assert first["not_run"] == [] and not any(r.get("kept_from") for r in first["results"])
+    first = call(tmp_path / "one", "", "matmul:fp32")  # SPEC:NAME runs only the entries named
+    assert [r["name"] for r in first["results"]] == ["fp32_1024"] and not first["results"][0].get("kept_from")
     second = call(tmp_path / "two", str(tmp_path / "one"), "matmul")
-    assert [r["kept_from"] for r in second["results"]] == [first["date"]] * 2
+    assert [r.get("kept_from") for r in second["results"]] == [first["date"], None]
     assert "steps: matmul" in (tmp_path / "two" / "bench_gpu.log").read_text()

@@ -112,6 +112,10 @@ class TrainConfig:
     """Attention kernel: auto (varlen where available, else sdpa), sdpa, varlen or eager (the reference)."""
     compile: bool = False
     """Compile the training step's forward and backward with torch.compile."""
+    cuda_graphs: bool = False
+    """With train.compile on CUDA: capture the compiled forward and backward in CUDA graphs (torch.compile's
+    "reduce-overhead" mode), so a step is replayed without launching its kernels one by one. Needs the same
+    shapes every step: padded rows with train.attention=sdpa, or packed rows."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass to save activation memory."""
     fp8: bool = False
@@ -145,6 +149,10 @@ class TrainConfig:
             raise ConfigError(f"train.precision must be {', '.join(PRECISIONS)}, not {self.precision!r}")
         if self.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"train.attention must be {', '.join(ATTENTION_KERNELS)}, not {self.attention!r}")
+        if self.cuda_graphs and not self.compile:
+            raise ConfigError("train.cuda_graphs captures the compiled step: set train.compile=true as well")
+        if self.cuda_graphs and self.device not in ("auto", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"train.cuda_graphs needs a CUDA device; train.device is {self.device!r}")
         if self.fp8 and self.precision not in ("auto", "bf16"):
             raise ConfigError(f"train.fp8 runs the other ops in bf16; set train.precision=bf16, not {self.precision}")
         if self.global_batch_size % self.micro_batch_size:
@@ -213,9 +221,19 @@ class OptimConfig:
             raise ConfigError(f"optim.max_grad_norm must be >= 0, got {self.max_grad_norm}")
 
 
+def compile_mode(train: TrainConfig) -> bool | str:
+    """`TrainStep.build`'s compile argument: off, inductor's default mode, or with CUDA graphs."""
+    return "reduce-overhead" if train.cuda_graphs else train.compile
+
+
 def compile_keys(train: TrainConfig, optim: OptimConfig) -> list[str]:
     """The settings of a run that ask for torch.compile (checked for its toolchain before the run starts)."""
-    return [k for k, on in (("train.compile", train.compile), ("optim.compile", optim.compile)) if on]
+    asked = (
+        ("train.compile", train.compile),
+        ("train.cuda_graphs", train.cuda_graphs),
+        ("optim.compile", optim.compile),
+    )
+    return [k for k, on in asked if on]
 
 
 # ------------------------------------------------------------------------------------------- machinery

@@ -143,6 +143,8 @@ def check_compile_toolchain(device: torch.device, keys: list[str]) -> None:
     if not keys:
         return
     asked = " and ".join(keys)
+    if "train.cuda_graphs" in keys and device.type != "cuda":
+        raise UserError(f"train.cuda_graphs needs a CUDA device; this run is on {device.type}: set it false")
     if device.type == "cuda":
         try:
             import triton  # noqa: F401

@@ -12,7 +12,7 @@ from bertforge.runtime.step import TrainStep, train_step
 pytestmark = pytest.mark.gpu
 
 
-def _steps(compile: bool | str = False, use_fp8: bool = False, n: int = 4) -> list[float]:
+def _steps(compile: bool | str = False, use_fp8: bool = False, n: int = 4, optim_compile: bool = False) -> list[float]:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     d = torch.device("cuda")
@@ -23,7 +23,7 @@ def _steps(compile: bool | str = False, use_fp8: bool = False, n: int = 4) -> li
         from bertforge.runtime import fp8
 
         assert fp8.fp8_usable(d) and fp8.convert(model) > 0
-    opt = build_optimizer(model, "lamb", 1e-3, 0.01, (0.9, 0.999), 1e-6, "cuda")
+    opt = build_optimizer(model, "lamb", 1e-3, 0.01, (0.9, 0.999), 1e-6, "cuda", compile=optim_compile)
     step = TrainStep.build(model, opt, d, "bf16", 1.0, compile)
     return [train_step(step, [b], 1).loss.item() for b in random_batches(32, 128, 20, 30522, n=n)]
 
@@ -31,6 +31,46 @@ def _steps(compile: bool | str = False, use_fp8: bool = False, n: int = 4) -> li
 def test_compiled_step_tracks_eager():
     eager, compiled = _steps(), _steps(compile=True)
     assert all(abs(a - b) < 0.02 * a for a, b in zip(eager, compiled)), (eager, compiled)
+
+
+def test_cuda_graphs_step_tracks_eager():
+    """train.cuda_graphs: the compiled step replayed from CUDA graphs ("reduce-overhead")."""
+    eager, graphs = _steps(n=6), _steps(compile="reduce-overhead", n=6)
+    assert all(abs(a - b) < 0.02 * a for a, b in zip(eager, graphs)), (eager, graphs)
+
+
+def test_compiled_lamb_tracks_the_foreach_update_on_cuda():
+    """optim.compile on CUDA: the same losses step by step as the foreach update."""
+    foreach, compiled = _steps(n=6), _steps(n=6, optim_compile=True)
+    assert all(abs(a - b) < 0.01 * a for a, b in zip(foreach, compiled)), (foreach, compiled)
+
+
+def test_step_parts_add_up_to_the_steps_wall_time_on_cuda():
+    """StepTimeline's CUDA events: the parts of the counted updates add up to their wall time (the host waits
+    for each update's end at the next update's grad-norm sync, so the device timeline is the wall clock)."""
+    import time
+
+    from bertforge.runtime.profile import StepTimeline
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    d = torch.device("cuda")
+    model = build_model(BertConfig.from_preset("mini", vocab_size=30528), "pretraining", attention="sdpa").to(d)
+    opt = build_optimizer(model, "lamb", 1e-3, 0.01, (0.9, 0.999), 1e-6, "cuda")
+    step = TrainStep.build(model, opt, d, "bf16", 1.0)
+    step.timeline = StepTimeline(d)
+    batches = random_batches(64, 128, 20, 30522, n=2)
+    train_step(step, [batches[0]], 1)  # warm-up: not counted
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(5):
+        train_step(step, [batches[i % 2]], 1)
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1e3 / 5
+    parts = step.timeline.summary(skip=1)
+    total = sum(v["ms"] for v in parts.values())
+    assert parts["forward"]["ms"] > 0 and parts["backward"]["ms"] > parts["optimizer"]["ms"] > 0
+    assert abs(total - wall_ms) < 0.1 * wall_ms, (parts, wall_ms)
 
 
 def test_fp8_step_tracks_bf16():

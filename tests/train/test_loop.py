@@ -289,3 +289,18 @@ def test_compile_without_its_toolchain_fails_before_anything_is_built(shards, tm
     with pytest.raises(UserError, match=r"train.compile and optim.compile: "):
         run_pretrain(_cfg(shards, out, **{"optim.compile": True, "train.compile": True}))
     assert not out.exists()
+
+
+def test_cuda_graphs_need_the_compiled_step_and_a_cuda_device(shards, tmp_path):
+    from bertforge.config import ConfigError, compile_mode
+
+    with pytest.raises(ConfigError, match="set train.compile=true as well"):
+        _cfg(shards, tmp_path / "a", **{"train.cuda_graphs": True})
+    with pytest.raises(ConfigError, match="needs a CUDA device; train.device is 'cpu'"):
+        _cfg(shards, tmp_path / "a", **{"train.cuda_graphs": True, "train.compile": True, "train.device": "cpu"})
+    cfg = _cfg(shards, tmp_path / "a", **{"train.cuda_graphs": True, "train.compile": True, "train.device": "auto"})
+    assert compile_mode(cfg.train) == "reduce-overhead"
+    if not torch.cuda.is_available():  # auto resolved to the CPU: refused before anything is built
+        with pytest.raises(UserError, match="train.cuda_graphs needs a CUDA device; this run is on cpu"):
+            run_pretrain(cfg)
+        assert not (tmp_path / "a").exists()

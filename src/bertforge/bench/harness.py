@@ -310,9 +310,10 @@ def run_spec(
     concurrent = spec.concurrent if concurrent is None else concurrent
     if interleave and concurrent:
         raise UserError("a spec runs either interleaved or concurrent, not both")
-    kept = _kept_results(previous, selected) if previous else {}
+    kept = _kept_results(previous, spec.benchmarks) if previous else {}
     for name, res in kept.items():
-        progress(f"{name}: kept from the earlier run of {res['kept_from']}")
+        if any(b.name == name for b in selected):
+            progress(f"{name}: kept from the earlier run of {res['kept_from']}")
     runners = [_Runner(b, progress) for b in selected if b.name not in kept]
     clock = _Clock(stop_after)
     date = _dt.datetime.now().isoformat(timespec="seconds")
@@ -370,9 +371,10 @@ def _run_interleaved(
         update()
 
 
-def _kept_results(previous: dict[str, Any], selected: list[BenchSpec]) -> dict[str, dict[str, Any]]:
-    """The earlier report's entries that finished every repeat without error, with this spec's fn and params."""
-    wanted = {b.name: b for b in selected}
+def _kept_results(previous: dict[str, Any], benches: list[BenchSpec]) -> dict[str, dict[str, Any]]:
+    """The earlier report's entries that finished every repeat without error, with this spec's fn and params
+    (those that --only leaves out stay in the report too)."""
+    wanted = {b.name: b for b in benches}
     kept = {}
     for res in previous.get("results", []):
         b = wanted.get(res.get("name"))
@@ -394,8 +396,11 @@ def _report(
     concurrent: bool,
 ) -> dict[str, Any]:
     ran = {r.b.name: r for r in runners}
+    chosen = {b.name for b in selected}
     results: dict[str, dict[str, Any]] = {}
-    for b in selected:
+    for b in spec.benchmarks:
+        if b.name not in chosen and b.name not in kept:
+            continue  # neither run now nor measured before
         if b.name in kept:
             results[b.name] = kept[b.name]
             continue

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from bertforge import device as dev
-from bertforge.config import compile_keys
+from bertforge.config import compile_keys, compile_mode
 from bertforge.data.vocab import load_tokenizer
 from bertforge.errors import UserError
 from bertforge.finetune import glue, squad
@@ -444,7 +444,9 @@ def build_step(s: Session) -> TrainStep:
         s.model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, s.device.type, o.compile
     )
     wrapper = D.wrap_ddp(s.model, s.device, s.info) if s.info.distributed else None
-    return TrainStep.build(s.model, optimizer, s.device, s.precision, o.max_grad_norm, s.cfg.train.compile, ddp=wrapper)
+    return TrainStep.build(
+        s.model, optimizer, s.device, s.precision, o.max_grad_norm, compile_mode(s.cfg.train), ddp=wrapper
+    )
 
 
 # ------------------------------------------------------------------------------------- evaluate, save

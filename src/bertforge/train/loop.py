@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bertforge import device as dev
-from bertforge.config import compile_keys
+from bertforge.config import compile_keys, compile_mode
 from bertforge.data import synthetic
 from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides
 from bertforge.data.shardset import ShardSet
@@ -443,7 +443,7 @@ def setup(
         device,
         precision,
         o.max_grad_norm,
-        t.compile,
+        compile_mode(t),
         ddp=ddp.wrap_ddp(model, device, info) if info.distributed else None,
         scaler=scaler,
     )
