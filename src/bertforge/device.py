@@ -167,6 +167,24 @@ def check_compile_toolchain(device: torch.device, keys: list[str]) -> None:
             ) from None
 
 
+@contextlib.contextmanager
+def reproducible_compiled_step(device: torch.device, compiled: bool) -> Iterator[None]:
+    """Inductor's multi-threaded CPU kernels accumulate some gradients (the embeddings' scatter-add) with atomic
+    adds, in an order that varies from run to run: a compiled CPU run drifts ~1e-7 from its own repeat, and a
+    resumed run from an uninterrupted one. In torch's deterministic mode inductor uses ordered kernels instead,
+    and exact resume holds (tests/train/test_loop.py). Set for the run on the CPU when compiling, restored after;
+    a no-op otherwise (on CUDA the mode also changes eager kernels and needs cuBLAS settings)."""
+    if not compiled or device.type != "cpu":
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """Mixed-precision context for forward passes; a no-op in fp32."""
     if precision == "fp32":

@@ -765,7 +765,9 @@ def run_pretrain(
     Raises `runtime.preempt.Preempted` after saving when SIGTERM or SIGINT arrives."""
     check_output_dir(cfg.train.output_dir, resume, overwrite, ddp.env_info().is_main)
     with Preemption() as preempt:
-        return train(setup(cfg, resume, json_summary, _save_hook, allow_changed), profile_steps, preempt)
+        run = setup(cfg, resume, json_summary, _save_hook, allow_changed)
+        with dev.reproducible_compiled_step(run.device, cfg.train.compile):
+            return train(run, profile_steps, preempt)
 
 
 # ------------------------------------------------------------------------------------------- helpers
