@@ -201,6 +201,7 @@ def test_time_to_accuracy_read_off_curves(tmp_path):
         ("benchmarks:\n  - {name: a, fn: 'x:y'}\nratios:\n  - {name: r, num: a}\n", r"ratios\[0\] needs"),
         ("{1: 2}\n", "unknown top-level keys"),
         ("benchmarks: [\n", "not valid YAML"),
+        ("requires: tpu\nbenchmarks:\n  - {name: a, fn: 'x:y'}\n", "`requires` must be one of cuda, accelerator"),
     ],
 )
 def test_a_spec_of_the_wrong_shape_is_one_line_naming_the_file(tmp_path, capsys, text, message):
@@ -361,3 +362,26 @@ def test_the_gpu_script_resumes_from_an_earlier_calls_reports(tmp_path):
     second = call(tmp_path / "two", str(tmp_path / "one"), "matmul")
     assert [r.get("kept_from") for r in second["results"]] == [first["date"], None]
     assert "steps: matmul" in (tmp_path / "two" / "bench_gpu.log").read_text()
+
+
+def test_a_gpu_spec_is_refused_on_a_machine_without_one(tmp_path, capsys, monkeypatch):
+    """`requires: cuda`: one line before anything runs, not BERT-large on the CPU for hours."""
+    from bertforge import device as dev
+
+    p = tmp_path / "gpu.yml"
+    p.write_text("requires: cuda\nbenchmarks:\n  - {name: a, fn: 'bertforge.bench.selftest:sleep'}\n")
+    monkeypatch.setattr(dev, "available_devices", lambda: [{"device": "cpu", "name": "cpu"}])
+    assert main(["bench", "--spec", str(p), "--json", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "measures a CUDA GPU (requires: cuda) and this machine has none" in err and not (tmp_path / "r.json").exists()
+    )
+    monkeypatch.setattr(
+        dev, "available_devices", lambda: [{"device": "cpu", "name": "cpu"}, {"device": "cuda:0", "name": "H100"}]
+    )
+    assert harness.run_spec(harness.load_spec(str(p)), progress=lambda s: None)["results"][0]["metrics"]
+    p.write_text(p.read_text().replace("cuda", "accelerator"))
+    monkeypatch.setattr(
+        dev, "available_devices", lambda: [{"device": "cpu", "name": "cpu"}, {"device": "xpu:0", "name": "Max"}]
+    )
+    assert harness.run_spec(harness.load_spec(str(p)), progress=lambda s: None)["results"][0]["metrics"]

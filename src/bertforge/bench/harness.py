@@ -6,6 +6,7 @@ A spec is YAML:
     repeat: 3                  # default repeats (each benchmark may override)
     warmup: 1                  # untimed calls before the repeats
     interleave: false          # true: repeats round-robin across the benchmarks (see below)
+    requires: cuda             # optional: refused where there is no CUDA GPU (accelerator: any but the CPU)
     benchmarks:
       - name: hf_tiny_fp32
         fn: bertforge.bench.step:train_step       # module:function
@@ -86,6 +87,12 @@ class Spec:
     ratios: list[RatioSpec]
     interleave: bool = False
     concurrent: bool = False
+    requires: str | None = None
+    """`cuda`: the spec measures a CUDA GPU and is refused on a machine without one (instead of running
+    BERT-large on the CPU for hours); `accelerator`: any device but the CPU."""
+
+
+REQUIREMENTS = ("cuda", "accelerator")
 
 
 def find_spec(name_or_path: str) -> Path:
@@ -109,7 +116,8 @@ def load_spec(name_or_path: str) -> Spec:
         raise UserError(
             f"benchmark spec {path}: expected a mapping with `benchmarks:` (a list), found a {type(raw).__name__}"
         )
-    unknown = set(raw) - {"title", "repeat", "warmup", "interleave", "concurrent", "benchmarks", "ratios", "notes"}
+    known = {"title", "repeat", "warmup", "interleave", "concurrent", "requires", "benchmarks", "ratios", "notes"}
+    unknown = set(raw) - known
     if unknown:
         raise UserError(f"benchmark spec {path}: unknown top-level keys {sorted(unknown, key=str)}")
     repeat, warmup = _count(raw, "repeat", 3, path), _count(raw, "warmup", 1, path)
@@ -125,7 +133,30 @@ def load_spec(name_or_path: str) -> Spec:
         ratios,
         bool(raw.get("interleave", False)),
         bool(raw.get("concurrent", False)),
+        _requires(raw, path),
     )
+
+
+def _requires(raw: dict[str, Any], path: Path) -> str | None:
+    value = raw.get("requires")
+    if value is not None and value not in REQUIREMENTS:
+        raise UserError(f"benchmark spec {path}: `requires` must be one of {', '.join(REQUIREMENTS)}, not {value!r}")
+    return value
+
+
+def check_requires(spec: Spec) -> None:
+    """Refuse a spec whose device this machine lacks, before anything runs."""
+    from bertforge import device as dev
+
+    if spec.requires is None:
+        return
+    types = {d["device"].split(":")[0] for d in dev.available_devices()}
+    if not ("cuda" in types if spec.requires == "cuda" else types - {"cpu"}):
+        what = "a CUDA GPU" if spec.requires == "cuda" else "a GPU or other accelerator"
+        raise UserError(
+            f"benchmark spec {spec.path} measures {what} (requires: {spec.requires}) and this machine has none; "
+            "run it where one is (scripts/bench_gpu.sh)"
+        )
 
 
 def _listed(raw: dict[str, Any], key: str, path: Path) -> list[Any]:
@@ -301,6 +332,7 @@ def run_spec(
     interleaved round) starts; the rest are reported as not run. `previous`: an earlier report of this spec
     (`--resume`) whose finished entries with the same fn and params are kept, not run again. `on_update`: called
     with the report so far after every finished benchmark or round, so a run killed from outside keeps them."""
+    check_requires(spec)
     selected = [b for b in spec.benchmarks if not only or b.name in only or any(o in b.name for o in only)]
     if only and not selected:
         raise UserError(
