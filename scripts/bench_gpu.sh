@@ -63,6 +63,7 @@ bench() {  # bench SPEC[:A,B]: run what its report in OUT_DIR lacks (of the entr
 
 profile() {  # profile CONFIG MICRO_BATCH: 10 profiled steps of the compiled bf16 loop on the synthetic source
   local dir=/tmp/bertforge-profile-$1
+  [ "$(left)" -gt 0 ] || { echo "profile $1: not started, ${margin}s or less left"; return; }  # timeout 0 = none
   rm -rf "$dir"
   timeout "$(left)" python3 -m bertforge pretrain --config "$1" --profile 10 \
     --set train.output_dir="$dir" --set data.input_dir=synthetic --set data.eval_dir=null \

@@ -354,10 +354,11 @@ def run_spec(
         if on_update:
             on_update(_report(spec, selected, kept, runners, date, interleave, concurrent))
 
-    if concurrent:
-        for r in runners:
-            progress(f"{r.b.name}: {r.b.fn} {r.b.params} (own process, concurrent)")
-        _run_concurrent(runners)
+    if concurrent:  # all start at once: the time limit can only keep them from starting at all
+        if not clock.up():
+            for r in runners:
+                progress(f"{r.b.name}: {r.b.fn} {r.b.params} (own process, concurrent)")
+            _run_concurrent(runners)
     elif interleave:
         _run_interleaved(runners, clock, progress, update)
     else:
