@@ -42,6 +42,46 @@ def _data_overrides(seq_len: int, max_pred: int, pack: int, histogram: str, data
     ]
 
 
+def loop_config(
+    out: str,
+    preset: str,
+    seq_len: int,
+    max_pred: int,
+    pack: int,
+    histogram: str,
+    micro_batch: int,
+    accum: int,
+    steps: int,
+    log_every: int,
+    precision: str,
+    device: str,
+    data_dir: str | None,
+    extra: list[str] | None,
+    seed: int,
+) -> tuple[str, list[str]]:
+    """The preset and `--set` overrides of one `loop` entry (also loaded by a test of every shipped spec, so a
+    mistyped key in a GPU spec fails on the CPU)."""
+    sets = [
+        f"train.output_dir={out}",
+        f"train.max_steps={steps}",
+        f"train.log_every={log_every}",
+        f"train.micro_batch_size={micro_batch}",
+        f"train.global_batch_size={micro_batch * accum}",
+        f"train.precision={precision}",
+        f"train.device={device}",
+        "train.save_every=0",
+        "train.tensorboard=false",
+        "train.plot=false",
+        "train.init_checkpoint=null",
+        "data.eval_dir=null",
+        f"train.seed={seed}",
+        "model.init_from=null",
+        *_data_overrides(seq_len, max_pred, pack, histogram, data_dir),
+        *(extra or []),
+    ]
+    return f"pretrain_{preset}_{128 if seq_len <= 128 else 512}", sets
+
+
 def loop(
     preset: str = "base",
     seq_len: int = 128,
@@ -63,26 +103,11 @@ def loop(
 ) -> dict[str, float]:
     """Run `bertforge pretrain --config pretrain_<preset>_<128|512>` for `steps` updates and summarise;
     `curve`: also copy the run's metrics.jsonl there (loss curves of fast paths against eager)."""
-    config = f"pretrain_{preset}_{128 if seq_len <= 128 else 512}"
     with tempfile.TemporaryDirectory(prefix="bertforge-loop-") as out:
-        sets = [
-            f"train.output_dir={out}",
-            f"train.max_steps={steps}",
-            f"train.log_every={log_every}",
-            f"train.micro_batch_size={micro_batch}",
-            f"train.global_batch_size={micro_batch * accum}",
-            f"train.precision={precision}",
-            f"train.device={device}",
-            "train.save_every=0",
-            "train.tensorboard=false",
-            "train.plot=false",
-            "train.init_checkpoint=null",
-            "data.eval_dir=null",
-            f"train.seed={seed}",
-            "model.init_from=null",
-            *_data_overrides(seq_len, max_pred, pack, histogram, data_dir),
-            *(extra or []),
-        ]
+        config, sets = loop_config(
+            out, preset, seq_len, max_pred, pack, histogram, micro_batch, accum, steps, log_every, precision, device,
+            data_dir, extra, seed,
+        )  # fmt: skip
         cmd = [
             sys.executable,
             "-m",
