@@ -180,7 +180,8 @@ def profile_steps(
 STEP_PARTS = ("forward", "backward", "clip", "optimizer", "between")
 """What `StepTimeline` splits a training step into: the forward and loss (with the copy of the batch to the
 device), the backward, the gradient norm and clip (with the one host sync of the step), the optimizer update
-(with clearing the gradients), and the time between two steps (the next batch, logging, the loop)."""
+(with clearing the gradients), and the time between two steps (waiting for the next update's first micro-batch,
+logging, the loop)."""
 
 
 class StepTimeline:

@@ -116,9 +116,10 @@ def train_step(
     `weights`: each micro-batch's loss weight (default 1/accum each; fine-tuning weights a short last micro-batch
     by its share of the rows)."""
     mark = step.timeline.mark if step.timeline is not None else _unmarked
-    mark("start")
     loss_sum = torch.zeros((), device=step.device, dtype=torch.float32)
     for i, batch in enumerate(micro_batches):
+        if i == 0:
+            mark("start")  # once the first batch is here: waiting for it is time between updates
         batch = to_device(batch, step.device)
         with ddp.maybe_no_sync(step.sync_owner, i < accum - 1), dev.autocast(step.device, step.precision):
             out = step.model(**batch)
