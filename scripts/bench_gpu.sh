@@ -88,8 +88,12 @@ for step in "${steps[@]}"; do
     loop) bench pretrain_loop_gpu ;;
     long) bench modernbert_long_gpu ;;
     profile)
-      profile pretrain_large_128 256
-      profile pretrain_base_128 256
+      if python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+        profile pretrain_large_128 256
+        profile pretrain_base_128 256
+      else
+        echo "profile: no CUDA device here (BERT-large on the CPU would take hours)"
+      fi
       ;;
     data)
       if [ -f runs/books_wiki/shards_phase1/manifest.json ]; then
