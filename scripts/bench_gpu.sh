@@ -21,8 +21,12 @@
 #            in $CORPUS (default .carry/corpus, else ../shared/corpus); skipped when the shards exist
 #   curve    benchmarks/pretrain_curve_gpu.yml    issue 19: 300 steps on those shards, fast paths vs eager
 #
+# #23's quality_budget_gpu runs in three calls of its own, named in its spec (quality_budget_gpu:_ours, :_hf,
+# :_glue, each after `data`).
+#
 # The lent machine has no network: FP8 needs torchao's wheel in .whl/ (installed into /tmp/site when torchao
-# is missing), and ../shared does not travel (copy the corpus's .xz files to .carry/corpus and carry .carry).
+# is missing), and ../shared does not travel: copy the corpus's .xz files to .carry/corpus (and, for GLUE,
+# ../shared/data/glue_data to .carry/glue_data) and carry .carry.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: scripts/bench_gpu.sh OUT_DIR SECONDS [EARLIER_DIR] [STEP ...]"
@@ -43,6 +47,9 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 if ! python3 -c "import torchao" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+if [ ! -e ../shared/data/glue_data ] && [ -d .carry/glue_data ]; then  # where the specs look for it
+  mkdir -p ../shared/data && ln -s "$PWD/.carry/glue_data" ../shared/data/glue_data
 fi
 if [ -n "$earlier" ] && [ -d "$earlier" ]; then
   cp -n "$earlier"/*.json "$out"/ 2>/dev/null

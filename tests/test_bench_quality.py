@@ -146,3 +146,26 @@ def test_baseline_side_scores_the_same_held_out_batches_as_ours(tmp_path, monkey
     assert seen and all(s == [4, 4, 4] for s in seen)
     assert side["steps"] == 4 and 0.0 <= side["curve"][-1]["acc"] <= 1.0
     assert (tmp_path / "hf" / "hf_model" / "vocab.txt").is_file()
+
+
+def test_a_call_that_trains_no_side_compares_the_earlier_calls_and_runs_glue_on_both(tmp_path, monkeypatch):
+    """The GPU plan: ours in one call, hf in the next, GLUE in a third (`sides: []`) from the sides' records."""
+    import json
+
+    out = tmp_path / "q"
+    for k, accs in {"ours": [0.10, 0.20], "hf": [0.05, 0.12]}.items():
+        curve = [{"train_s": 10.0 * (i + 1), "step": 5 * (i + 1), "acc": a} for i, a in enumerate(accs)]
+        (out / k).mkdir(parents=True)
+        (out / k / "side.json").write_text(json.dumps({"curve": curve, "steps": 10, "model_dir": f"/models/{k}"}))
+    glued = []
+    table = {"tasks": {"mrpc": {"metrics": {"f1": 80.0}, "spread": 1.0, "lr": 1e-4, "seeds": [1, 2, 3], "score": 80.0}}}
+
+    def fake_glue(p, model_dir, where, cache):
+        glued.append(model_dir)
+        return {**table, "average": 80.0, "avg_no_wnli": 80.0, "seeds": [1, 2, 3]}
+
+    monkeypatch.setattr(quality, "_glue", fake_glue)
+    r = quality.quality_budget(str(out), "d", "e", "v", budget_s=20, sides=[], glue_dir="glue")
+    assert glued == ["/models/ours", "/models/hf"]
+    assert r["target_acc"] == 0.12 and r["ours_seconds_to_target"] == 20.0 and r["ours_glue_avg"] == 80.0
+    assert "GLUE dev, HF baseline" in (out / "report.md").read_text()
