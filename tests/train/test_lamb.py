@@ -140,3 +140,11 @@ def test_optim_compile_is_lamb_only():
     OptimConfig(name="lamb", compile=True).validate()
     with pytest.raises(ConfigError, match="optim.compile compiles LAMB"):
         OptimConfig(name="adamw", compile=True).validate()
+
+
+def test_adamw_is_torchs_fused_kernel_on_cpu_and_cuda():
+    from bertforge.optim.lamb import build_optimizer
+
+    for device_type, fused in (("cpu", True), ("cuda", True), ("mps", None)):
+        opt = build_optimizer(Toy(), "adamw", 1e-3, 0.01, (0.9, 0.999), 1e-6, device_type)
+        assert opt.defaults["fused"] is fused and opt.defaults["foreach"] is (None if fused else True)
