@@ -61,8 +61,8 @@ def hf_pretraining(
     config: Any, device: torch.device, lr: float = 1e-4, weight_decay: float = 0.01, sparse_prediction: bool = False
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """`BertForPreTraining` (or `ModernBertForMaskedLM`) of our config (SDPA) on `device`, in train mode, and its
-    AdamW (no decay on biases and norms; fused on CUDA, foreach elsewhere: the kernels
-    `bertforge.optim.build_optimizer` picks for ours)."""
+    AdamW (no decay on biases and norms; the kernel `bertforge.optim.build_optimizer` picks for ours: fused on
+    CUDA and the CPU, foreach elsewhere)."""
     import transformers
 
     cls = transformers.ModernBertForMaskedLM if config.model_type == "modernbert" else transformers.BertForPreTraining
@@ -75,8 +75,8 @@ def hf_pretraining(
         },
         {"params": [p for n, p in model.named_parameters() if any(k in n for k in NO_DECAY)], "weight_decay": 0.0},
     ]
-    cuda = device.type == "cuda"
-    return model, torch.optim.AdamW(groups, lr=lr, fused=True if cuda else None, foreach=None if cuda else True)
+    fused = device.type in ("cuda", "cpu")
+    return model, torch.optim.AdamW(groups, lr=lr, fused=True if fused else None, foreach=None if fused else True)
 
 
 def hf_step(
