@@ -359,15 +359,8 @@ def run_spec(
             for r in runners:
                 progress(f"{r.b.name}: {r.b.fn} {r.b.params} (own process, concurrent)")
             _run_concurrent(runners)
-    elif interleave:
-        _run_interleaved(runners, clock, progress, update)
     else:
-        for r in runners:
-            if clock.up():
-                break
-            progress(f"{r.b.name}: {r.b.fn} {r.b.params}")
-            r.attempt(r.all_repeats)
-            update()
+        (_run_interleaved if interleave else _run_in_turn)(runners, clock, progress, update)
     report = _report(spec, selected, kept, runners, date, interleave, concurrent)
     if report["not_run"]:
         progress(f"stopped at --stop-after {stop_after} s; not run: {', '.join(report['not_run'])}")
@@ -384,9 +377,22 @@ class _Clock:
         return self.end is not None and time.monotonic() >= self.end
 
 
+def _run_in_turn(
+    runners: list[_Runner], clock: _Clock, progress: Callable[[str], None], update: Callable[[], None]
+) -> None:
+    """Every repeat of one benchmark, then the next."""
+    for r in runners:
+        if clock.up():
+            break
+        progress(f"{r.b.name}: {r.b.fn} {r.b.params}")
+        r.attempt(r.all_repeats)
+        update()
+
+
 def _run_interleaved(
     runners: list[_Runner], clock: _Clock, progress: Callable[[str], None], update: Callable[[], None]
 ) -> None:
+    """Every warm-up first, then round r calls each benchmark once (see the module docstring)."""
     warm = []
     for r in runners:
         if clock.up():
