@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
-import transformers
+# transformers imports torchao where it is installed; on a CPU-only torch its optional CUDA kernels fail to load,
+# and it and torch log that at import: noise in the demo's last step, nothing this script uses
+for name in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(name).setLevel(logging.ERROR)
+
+import transformers  # noqa: E402
 
 
 def main() -> None:
