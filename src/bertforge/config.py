@@ -191,16 +191,16 @@ class OptimConfig:
     """Clip the global gradient norm to this (0: no clipping)."""
     compile: bool = False
     """lamb only: compile its update with torch.compile, which fuses its dozen passes over the parameters,
-    moments and gradients into a few kernels (compiled once, at the first step). adamw has torch's fused
-    kernel on CUDA already."""
+    moments and gradients into a few kernels (compiled once, at the first step). adamw runs torch's fused
+    kernel already."""
 
     def validate(self) -> None:
         if self.name not in ("lamb", "adamw"):
             raise ConfigError(f"optim.name must be lamb or adamw, not {self.name!r}")
         if self.compile and self.name != "lamb":
             raise ConfigError(
-                f"optim.compile compiles LAMB's update; optim.name is {self.name!r} (torch's own AdamW, fused on "
-                "CUDA): set optim.compile=false"
+                f"optim.compile compiles LAMB's update; optim.name is {self.name!r} (torch's own AdamW, already "
+                "fused): set optim.compile=false"
             )
         from bertforge.optim.schedule import DECAY_SHAPES, SCHEDULES
 
