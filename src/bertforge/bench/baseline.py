@@ -65,6 +65,8 @@ def hf_pretraining(
     CUDA and the CPU, foreach elsewhere)."""
     import transformers
 
+    from bertforge.optim.lamb import adamw_kernel
+
     cls = transformers.ModernBertForMaskedLM if config.model_type == "modernbert" else transformers.BertForPreTraining
     model = cls._from_config(hf_config(config, sparse_prediction), attn_implementation="sdpa")
     model.to(device).train()
@@ -75,8 +77,7 @@ def hf_pretraining(
         },
         {"params": [p for n, p in model.named_parameters() if any(k in n for k in NO_DECAY)], "weight_decay": 0.0},
     ]
-    fused = device.type in ("cuda", "cpu")
-    return model, torch.optim.AdamW(groups, lr=lr, fused=True if fused else None, foreach=None if fused else True)
+    return model, torch.optim.AdamW(groups, lr=lr, **adamw_kernel(device.type))
 
 
 def hf_step(

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from bertforge.errors import UserError, first_line
+from bertforge.errors import UserError
+from bertforge.runtime.io import read_json_object
 
 
 def bench_add(p: argparse.ArgumentParser) -> None:
@@ -100,11 +100,6 @@ def _previous_report(args: argparse.Namespace, spec: Any) -> dict[str, Any] | No
 
 
 def _read_report(path: Path, flag: str) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{flag}: {path} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(
-            f"{flag}: {path} is not valid JSON ({first_line(e)}); delete it or choose another file"
-        ) from None
+    if not path.is_file():
+        raise UserError(f"{flag}: {path} does not exist")
+    return read_json_object(path, "delete it or choose another file", f"{flag}: ")

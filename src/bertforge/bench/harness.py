@@ -467,7 +467,7 @@ def _report(
 def check_resumable(previous: dict[str, Any], spec: Spec, path: str) -> None:
     """An earlier report may only be resumed by the same spec on the same kind of machine: medians measured
     on different devices or torch versions must not share a table."""
-    if not isinstance(previous, dict) or "results" not in previous:
+    if "results" not in previous:
         raise UserError(
             f"--resume: {path} is not a report written by `bertforge bench --json`; delete it or choose another --json"
         )

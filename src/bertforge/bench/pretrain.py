@@ -19,7 +19,7 @@ from bertforge.errors import UserError
 from bertforge.model import BertConfig, build_model
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
-from bertforge.runtime.metrics import save_figure
+from bertforge.runtime.metrics import plot_lines, read_jsonl
 from bertforge.runtime.step import TrainStep, set_lr
 from bertforge.runtime.step import train_step as product_step
 
@@ -128,7 +128,6 @@ def tta_from_curves(curve: str, baseline: str = "hf", at_seconds: float | None =
     """Time to accuracy read off the curves `time_to_accuracy(curve=...)` wrote (runs with an unreachable target):
     the target is the held-out accuracy of the baseline's last evaluation at or before `at_seconds` (default: its
     last), and each side's time is that of its first evaluation at or above the target (inf if never)."""
-    from bertforge.runtime.metrics import read_jsonl
 
     by: dict[str, list[dict]] = {}
     for r in read_jsonl(curve):
@@ -150,26 +149,14 @@ def tta_from_curves(curve: str, baseline: str = "hf", at_seconds: float | None =
 
 def plot_curves(curve: str, png: str, target: float | None = None) -> str:
     """Held-out MLM accuracy against training seconds for each side of a curve file, as a PNG (atomic)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bertforge.runtime.metrics import read_jsonl
 
     rows = read_jsonl(curve)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for impl in dict.fromkeys(r["impl"] for r in rows):
-        pts = [(r["train_s"], r["acc"]) for r in rows if r["impl"] == impl]
-        ax.plot(*zip(*pts), marker=".", label=impl)
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", label=f"target {target:.4f}")
-    ax.set_xlabel("training seconds (evaluation excluded)")
-    ax.set_ylabel("held-out MLM accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    save_figure(fig, png)
+    series = {
+        impl: ([r["train_s"] for r in rows if r["impl"] == impl], [r["acc"] for r in rows if r["impl"] == impl])
+        for impl in dict.fromkeys(r["impl"] for r in rows)
+    }
+    hline = None if target is None else (target, f"target {target:.4f}")
+    plot_lines(series, png, "training seconds (evaluation excluded)", "held-out MLM accuracy", ".", hline)
     return png
 
 

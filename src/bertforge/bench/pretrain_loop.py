@@ -27,7 +27,7 @@ import torch
 
 from bertforge import device as dev
 from bertforge.errors import UserError
-from bertforge.runtime.metrics import read_jsonl
+from bertforge.runtime.metrics import plot_lines, read_jsonl
 
 
 def _data_overrides(seq_len: int, max_pred: int, pack: int, histogram: str, data_dir: str | None) -> list[str]:
@@ -235,7 +235,8 @@ def compare_curves(
         out[f"{name}_distance"] = _distance(ref, curves[name], skip_steps)
         out[f"{name}_over_band"] = out[f"{name}_distance"] / band if band else math.inf
     if png:
-        _plot_losses(curves, png)
+        series = {name: (list(losses), list(losses.values())) for name, losses in curves.items()}
+        plot_lines(series, png, "step", "training loss (MLM + NSP)")
     return out
 
 
@@ -253,22 +254,3 @@ def _distance(a: dict[int, float], b: dict[int, float], skip_steps: int) -> floa
     if not steps:
         raise UserError(f"the curves share no logged step after step {skip_steps}: were they logged alike?")
     return sum(abs(a[s] - b[s]) for s in steps) / len(steps)
-
-
-def _plot_losses(curves: dict[str, dict[int, float]], png: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bertforge.runtime.metrics import save_figure
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, losses in curves.items():
-        ax.plot(list(losses), list(losses.values()), label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (MLM + NSP)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    save_figure(fig, png)

@@ -264,8 +264,14 @@ def build_optimizer(
     if name == "lamb":
         return Lamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, compile=compile)
     if name == "adamw":
-        # torch's fused kernel (one pass per tensor) on CUDA and on the CPU (3.3x the foreach update for BERT-mini
-        # there, docs/BENCHMARKS.md); foreach elsewhere
-        fast = {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **fast)
+        return torch.optim.AdamW(
+            groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **adamw_kernel(device_type)
+        )
     raise ValueError(f"unknown optimizer {name!r}; use lamb or adamw")
+
+
+def adamw_kernel(device_type: str) -> dict[str, Any]:
+    """torch AdamW's kernel for a device type: fused (one pass per tensor) on CUDA and on the CPU (3.3x the
+    foreach update for BERT-mini there, docs/BENCHMARKS.md), foreach elsewhere. The benchmarks' Hugging Face
+    baseline uses it too, so both sides run the same kernel."""
+    return {"fused": True} if device_type in ("cuda", "cpu") else {"foreach": True}

@@ -18,6 +18,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -252,3 +253,30 @@ def save_figure(fig, png: str | Path) -> Path:
         fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return Path(png)
+
+
+def plot_lines(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    png: str | Path,
+    xlabel: str,
+    ylabel: str,
+    marker: str | None = None,
+    hline: tuple[float, str] | None = None,
+) -> Path:
+    """One chart of named (x, y) series, with an optional labelled horizontal line, as a PNG (atomic)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker=marker, label=name)
+    if hline is not None:
+        ax.axhline(hline[0], color="grey", linestyle="--", label=hline[1])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return save_figure(fig, png)

@@ -232,8 +232,10 @@ class StepTimeline:
             for (_, a), (part, b) in zip(marks, marks[1:]):
                 totals[part] += self._ms(a, b)
             counted += 1
+        if not counted:
+            return {}
         whole = sum(totals.values()) or 1.0
-        return {p: {"ms": v / max(counted, 1), "share": v / whole} for p, v in totals.items()} if counted else {}
+        return {p: {"ms": v / counted, "share": v / whole} for p, v in totals.items()}
 
 
 def format_parts(parts: dict[str, dict[str, float]]) -> str:
