@@ -10,8 +10,9 @@ NaN with -inf masking). A row with no real token at all attends everywhere, for 
 Kernels, chosen per model by name (`ATTENTION_IMPLS`):
 - `sdpa`: `torch.nn.functional.scaled_dot_product_attention` with a boolean (B, 1, T, T) mask.
 - `varlen`: tokens unpadded to (N, H) for the whole encoder, so no matmul runs on padding. Attention runs in a
-  varlen flash kernel (`flash_attn.flash_attn_varlen_func` when installed, else
-  `torch.nn.attention.varlen.varlen_attn`) on CUDA with half-precision inputs; anywhere else the layer
+  varlen flash kernel (`flash_attn.flash_attn_varlen_func` when installed, else torch's own FlashAttention-2
+  kernels through `model.flash_varlen`; both apply attention dropout) on CUDA (sm80+) with half-precision
+  inputs; anywhere else the layer
   re-pads q/k/v for `sdpa` with the block mask and unpads the context again. Data-dependent shapes
   (`nonzero`): meant for eager mode, not for one compiled graph.
 - `auto`: the flash varlen path where it is usable for the batch, else plain padded `sdpa` (compiles without
@@ -37,24 +38,23 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.model.dropout import fast_dropout_usable, keep_mask
+from bertforge.model.flash_varlen import flash_capable, flash_varlen
 
 ATTENTION_IMPLS = ("auto", "sdpa", "varlen", "eager")
 
 
 def flash_varlen_kernel():
-    """The installed varlen flash-attention function, or None (flash-attn package first, then torch's own)."""
+    """The varlen flash-attention function to use, or None: the flash-attn package when installed, else torch's
+    own FlashAttention-2 kernels through `model.flash_varlen` (dropout included; needs a CUDA build of torch)."""
     try:
         from flash_attn import flash_attn_varlen_func
 
         return "flash_attn", flash_attn_varlen_func
     except ImportError:
         pass
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-
-        return "torch", varlen_attn
-    except ImportError:
+    if not hasattr(torch.ops.aten, "_flash_attention_forward"):
         return None
+    return "torch", flash_varlen
 
 
 # looked up once at import: an import inside the traced forward would break torch.compile's graph
@@ -242,11 +242,11 @@ def varlen(q, k, v, meta: VarlenMeta, dropout_p: float, half_window: int | None 
     """q, k, v (N, nh, D) unpadded -> (N, nh, D) with a varlen flash kernel (callers check availability).
     `half_window`: keys within that distance only; both kernels' window_size bounds are inclusive."""
     kind, fn = VARLEN_KERNEL
-    window = (-1, -1) if half_window is None else (half_window, half_window)
     cu, n = meta.cu_seqlens, meta.max_seqlen
     if kind == "flash_attn":
+        window = (-1, -1) if half_window is None else (half_window, half_window)
         return fn(q, k, v, cu, cu, n, n, dropout_p=dropout_p, window_size=window)
-    return fn(q, k, v, cu, cu, n, n, window_size=window)
+    return fn(q, k, v, cu, n, dropout_p, half_window)
 
 
 def attend(
@@ -296,10 +296,10 @@ def masked_kernel(impl: str, dropout_p: float, x: torch.Tensor):
     return sdpa
 
 
-def varlen_usable(hidden: torch.Tensor, dropout_p: float) -> bool:
-    """The varlen kernels run on CUDA in fp16/bf16 only (torch's own without attention dropout); elsewhere
-    the encoder keeps the padded SDPA path with the block mask."""
-    if not hidden.is_cuda or VARLEN_KERNEL is None or (VARLEN_KERNEL[0] == "torch" and dropout_p > 0):
+def varlen_usable(hidden: torch.Tensor) -> bool:
+    """The varlen flash kernels run on CUDA (sm80 or newer) in fp16/bf16 only, with or without attention
+    dropout; elsewhere the encoder keeps the padded SDPA path with the block mask."""
+    if not hidden.is_cuda or VARLEN_KERNEL is None or not flash_capable(hidden.device.index or 0):
         return False
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype
     return dtype in (torch.float16, torch.bfloat16)

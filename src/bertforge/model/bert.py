@@ -269,8 +269,7 @@ class BertEncoderModel(nn.Module):
         h = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        dropout_p = self.config.attention_probs_dropout_prob if self.training else 0.0
-        flash = self.attention_impl in ("auto", "varlen") and attn.varlen_usable(h, dropout_p)
+        flash = self.attention_impl in ("auto", "varlen") and attn.varlen_usable(h)
         masks = None if flash else self._masks(attention_mask)
         ropes = self._ropes(input_ids, position_ids)
         if flash or self.attention_impl == "varlen":

@@ -1,0 +1,55 @@
+"""model.flash_varlen's plumbing without a GPU: the custom op's shapes (aten's own meta kernels), its backward
+wired to the backward op with the forward's dropout seed and offset, and torch.compile seeing both as single
+opaque kernels. The numbers are checked on CUDA (test_gpu_varlen.py: output and gradients against a float32
+reference with the dropout mask the kernel drew)."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from bertforge.model import attention as attn
+from bertforge.model.flash_varlen import flash_varlen
+
+
+def inputs(device="meta"):
+    q, k, v = (torch.empty(11, 2, 16, dtype=torch.bfloat16, device=device).requires_grad_() for _ in range(3))
+    return q, k, v, torch.tensor([0, 4, 11], dtype=torch.int32).to(device)
+
+
+def test_shapes_and_backward_on_meta_tensors():
+    q, k, v, cu = inputs()
+    out = flash_varlen(q, k, v, cu, 7, dropout_p=0.1, half_window=3)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    out.sum().backward()
+    assert all(x.grad is not None and x.grad.shape == x.shape for x in (q, k, v))
+
+
+def test_traced_step_holds_one_forward_and_one_backward_kernel_sharing_the_dropout_state():
+    q, k, v, cu = inputs("cpu")
+
+    def step(q, k, v, cu):
+        out = flash_varlen(q, k, v, cu, 7, dropout_p=0.1, half_window=None)
+        return torch.autograd.grad(out.float().sum(), (q, k, v))
+
+    graph = make_fx(step, tracing_mode="fake")(q, k, v, cu).graph
+    fwd = [n for n in graph.nodes if n.target is torch.ops.bertforge.flash_varlen.default]
+    bwd = [n for n in graph.nodes if n.target is torch.ops.bertforge.flash_varlen_backward.default]
+    assert len(fwd) == 1 and len(bwd) == 1
+    assert not [n for n in graph.nodes if "flash_attention" in str(n.target)]  # opaque: aten's ops inside
+    args = bwd[0].args  # grad, q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, seed, offset, left, right
+    assert args[7:9] == (7, 0.1) and args[11:] == (-1, -1)
+    # out, logsumexp and the Philox seed and offset are the forward's own outputs: the backward regenerates
+    # the mask the forward drew
+    assert [origin(args[i]) for i in (4, 5, 9, 10)] == [(fwd[0], 0), (fwd[0], 1), (fwd[0], 2), (fwd[0], 3)]
+
+
+def origin(node):
+    """(producer, output index) of a traced value, through the detaches autograd puts on saved tensors."""
+    while node.target is torch.ops.aten.detach.default:
+        node = node.args[0]
+    return node.args
+
+
+def test_not_used_off_cuda():
+    assert not attn.varlen_usable(torch.zeros(2, 8, dtype=torch.bfloat16))
