@@ -14,8 +14,8 @@
 #   tests    the CUDA tests: compiled step, CUDA graphs, compiled LAMB, FP8, step parts, pinned loaders, varlen
 #   profile  `bertforge pretrain --profile 10`, BERT-large and -base phase 1 compiled: top kernels and the
 #            step's parts (forward, backward, clip, optimizer, between) into the log
-#   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, compiled LAMB, CUDA graphs)
-#            and the entries they are compared with
+#   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, the segmented layout,
+#            compiled LAMB, CUDA graphs) and the entries they are compared with
 #   long     benchmarks/modernbert_long_gpu.yml   issue 22: ModernBERT-base tokens/s at 8,192 and 1,024
 #   loop     benchmarks/pretrain_loop_gpu.yml     issue 19: the rest of it (`bertforge pretrain` itself, vs HF)
 #   data     books+Wikipedia phase-1 shards (`data prepare --config books_wiki`) from the corpus's .xz samples
@@ -92,7 +92,7 @@ for step in "${steps[@]}"; do
       timeout "$(left)" python3 -m pytest -q -m "not slow" -p no:cacheprovider \
         tests/train/test_gpu_step.py tests/model/test_gpu_varlen.py tests/train/test_fp8.py
       ;;
-    levers) bench pretrain_loop_gpu:p2_large512_packed_loop,lever_sdpa,lever_compiled_varlen,lever_compiled_large128,lever_compiled_base128,optcompiled,cudagraphs,lever_compiled_nodrop ;;
+    levers) bench pretrain_loop_gpu:p2_large512_packed_loop,lever_sdpa,lever_unpadded,_varlen_,lever_compiled_large128,lever_compiled_base128,optcompiled,cudagraphs,lever_compiled_nodrop ;;
     loop) bench pretrain_loop_gpu ;;
     long) bench modernbert_long_gpu ;;
     profile)

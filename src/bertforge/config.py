@@ -109,13 +109,16 @@ class TrainConfig:
     eval_every: int = 200
     """Evaluate every N optimizer steps (and at the end)."""
     attention: str = "auto"
-    """Attention kernel: auto (varlen where available, else sdpa), sdpa, varlen or eager (the reference)."""
+    """Attention kernel: auto (the flash varlen kernel where available, else sdpa), sdpa, varlen or eager (the
+    reference). On CUDA, auto runs packed or compiled steps in the segmented layout (fixed shapes, bounds from
+    the loader) and other steps unpadded; varlen always unpads."""
     compile: bool = False
     """Compile the training step's forward and backward with torch.compile."""
     cuda_graphs: bool = False
     """With train.compile on CUDA: capture the compiled forward and backward in CUDA graphs (torch.compile's
     "reduce-overhead" mode), so a step is replayed without launching its kernels one by one. Needs the same
-    shapes every step: padded rows with train.attention=sdpa, or packed rows."""
+    shapes every step: padded rows with train.attention=sdpa, or packed rows; under train.attention=auto the
+    segmented layout's bounds take a few sizes, each captured once."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass to save activation memory."""
     fp8: bool = False

@@ -181,3 +181,32 @@ def test_training_with_attention_dropout_runs_in_the_varlen_kernel(cuda):
     torch.testing.assert_close(losses[0], losses[1], atol=0, rtol=0)
     losses[0].backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_segmented_layout_on_the_flash_kernel_eager_and_compiled(cuda):
+    """Packed rows with the loader's bounds (`attention.segment_bounds`): the segmented layout (every token,
+    fixed shapes) gives the unpadded path's outputs; compiled with fullgraph=True (one graph, the flash op opaque
+    in it) it gives eager's loss and gradients."""
+    torch.manual_seed(0)
+    model = build_model(tiny(), "pretraining", attention="auto").to(cuda)
+    _, packed, where = packed_and_padded()
+    packed = {k: v.to(cuda) for k, v in packed.items()}
+    cu = attn.segment_bounds(packed["attention_mask"].cpu()).to(cuda)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        model.eval()
+        unpadded, segmented = model(**packed), model(**packed, cu_seqlens=cu)
+    for r, off, n in where.values():
+        a, b = (x.last_hidden_state[r, off : off + n].float() for x in (unpadded, segmented))
+        torch.testing.assert_close(b, a, atol=3e-2, rtol=3e-2)
+    model.train()
+    runs = []
+    for fn in (model, torch.compile(model, fullgraph=True)):
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fn(**packed, cu_seqlens=cu).loss
+        loss.backward()
+        runs.append((loss.detach().float(), [p.grad.float().clone() for p in model.parameters() if p.grad is not None]))
+    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = runs
+    torch.testing.assert_close(compiled_loss, eager_loss, atol=2e-2, rtol=2e-2)
+    for c, e in zip(compiled_grads, eager_grads):
+        torch.testing.assert_close(c, e, atol=5e-2, rtol=5e-2)

@@ -321,6 +321,8 @@ class PretrainLoader:
         self.spec, self.shards, self.num_workers, self.prefetch = spec, shards, num_workers, prefetch
         self.pin_memory = False
         """Page-locked batches (the training loop sets it on CUDA: non-blocking copies overlap the step)."""
+        self.segments = False
+        """Batches carry `cu_seqlens` (`with_segments`; the training loop decides)."""
 
     @property
     def accum(self) -> int:
@@ -377,17 +379,30 @@ class PretrainLoader:
 
     def iterate(self, start_batch: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         return batch_stream(
-            _RankStream(self.spec, start_batch), self.num_workers, self.prefetch, self.spec.seed, self.pin_memory
+            _RankStream(self.spec, start_batch),
+            self.num_workers,
+            self.prefetch,
+            self.spec.seed,
+            self.pin_memory,
+            self.segments,
         )
 
 
 def batch_stream(
-    dataset: torch.utils.data.IterableDataset, num_workers: int, prefetch: int, seed: int, pin_memory: bool = False
+    dataset: torch.utils.data.IterableDataset,
+    num_workers: int,
+    prefetch: int,
+    seed: int,
+    pin_memory: bool = False,
+    segments: bool = False,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The micro-batches of `dataset` (an IterableDataset that yields them in order), made in `num_workers`
     processes with `prefetch` each ahead — the next batches are ready while the step runs — or, with 0, here
     when asked for. `pin_memory`: page-locked host tensors, so the step's non-blocking copies to the GPU
-    overlap with compute (the DataLoader pins in a thread of its own)."""
+    overlap with compute (the DataLoader pins in a thread of its own). `segments`: each batch also carries
+    `cu_seqlens` (`with_segments`), made where the batch is."""
+    if segments:
+        dataset = _WithSegments(dataset)
     if num_workers == 0:
         batches = iter(dataset)
         return ({k: v.pin_memory() for k, v in b.items()} for b in batches) if pin_memory else batches
@@ -405,6 +420,25 @@ def batch_stream(
             multiprocessing_context="fork" if _can_fork() else None,
         )
     )
+
+
+def with_segments(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The batch plus `cu_seqlens`, the segments of its attention mask (`model.attention.segment_bounds`): with
+    them the model runs the flash kernel on fixed shapes, with no host sync (packed or compiled steps on CUDA)."""
+    from bertforge.model.attention import segment_bounds
+
+    return {**batch, "cu_seqlens": segment_bounds(batch["attention_mask"])}
+
+
+class _WithSegments(torch.utils.data.IterableDataset):
+    """`dataset`'s batches `with_segments`, computed in the worker that makes them."""
+
+    def __init__(self, dataset: torch.utils.data.IterableDataset):
+        super().__init__()
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return (with_segments(b) for b in self.dataset)
 
 
 def _can_fork() -> bool:

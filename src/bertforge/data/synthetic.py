@@ -353,6 +353,8 @@ class SyntheticLoader:
         self.num_workers, self.prefetch = num_workers, prefetch
         self.pin_memory = False
         """Page-locked batches (the training loop sets it on CUDA: non-blocking copies overlap the step)."""
+        self.segments = False
+        """Batches carry `cu_seqlens` (`data.loader.with_segments`; the training loop decides)."""
         self.seq_len, self.vocab_size, self.micro_batch, self.seed = seq_len, vocab_size, micro_batch, seed
         self.pack, self.masked_lm_prob, self._max_pred = pack, masked_lm_prob, max_pred
         self._accum = batch_arithmetic(global_batch, micro_batch, world_size)
@@ -402,7 +404,12 @@ class SyntheticLoader:
         from bertforge.data.loader import batch_stream
 
         return batch_stream(
-            _SyntheticStream(self, start_batch), self.num_workers, self.prefetch, self.seed, self.pin_memory
+            _SyntheticStream(self, start_batch),
+            self.num_workers,
+            self.prefetch,
+            self.seed,
+            self.pin_memory,
+            self.segments,
         )
 
 

@@ -173,8 +173,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class VarlenMeta:
     """Where the real tokens are, for the unpadded (N, H) layout: the varlen kernels' inputs."""
 
-    indices: torch.Tensor
-    """(N,) flat indices of the real tokens in the (B*T) padded layout."""
+    indices: torch.Tensor | None
+    """(N,) flat indices of the real tokens in the (B*T) padded layout; None in the segmented layout, where all
+    B*T tokens run (see `segment_bounds`)."""
     cu_seqlens: torch.Tensor
     """(S+1,) int32 cumulative sequence lengths over the N real tokens (one entry per packed sequence)."""
     max_seqlen: int
@@ -199,6 +200,38 @@ def varlen_meta(attention_mask: torch.Tensor, lengths: bool = True) -> VarlenMet
     cu = torch.cat([start_idx, start_idx.new_tensor([indices.numel()])]).to(torch.int32)  # (S+1,)
     max_seqlen = int((cu[1:] - cu[:-1]).max().item()) if cu.numel() > 1 else 0
     return VarlenMeta(indices, cu, max_seqlen, shape)
+
+
+def unpad(x: torch.Tensor, meta: VarlenMeta) -> torch.Tensor:
+    """(B*T, ...) -> (N, ...) at the real tokens (the unpadded layout)."""
+    assert meta.indices is not None, "the segmented layout keeps every token"
+    return x.index_select(0, meta.indices)
+
+
+def repad(x: torch.Tensor, meta: VarlenMeta) -> torch.Tensor:
+    """(N, ...) -> (B*T, ...), zeros at padding: `unpad` undone."""
+    assert meta.indices is not None, "the segmented layout keeps every token"
+    return x.new_zeros(meta.shape[0] * meta.shape[1], *x.shape[1:]).index_copy(0, meta.indices, x)
+
+
+def segment_bounds(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) sequence index -> cu_seqlens (B*m + 1,) int32 over all B*T tokens of the batch, flattened: one
+    segment per run of equal values in a row, the padding runs included, then empty segments up to a multiple
+    of B (m segments per row on average, rounded up).
+
+    The segmented layout gives the varlen kernel fixed shapes: the encoder runs on every token, (B*T, H), with
+    no `nonzero` and no host sync, so a compiled step is one graph (and CUDA graphs can replay it). Packed rows
+    are nearly full, so the padding computed is small; a padding run attends within itself, and nothing reads
+    its outputs. The loader computes this on the host (`data.loader.with_segments`): the number of segments is
+    data-dependent, and rounding it up to a multiple of B leaves only a few sizes to compile for."""
+    B, T = attention_mask.shape
+    starts = torch.ones(B, T, dtype=torch.bool, device=attention_mask.device)
+    starts[:, 1:] = attention_mask[:, 1:] != attention_mask[:, :-1]
+    first = torch.nonzero(starts.reshape(-1)).flatten()  # (S,) where each segment starts, in the flat layout
+    m = -(-first.numel() // B)
+    cu = first.new_full((B * m + 1,), B * T, dtype=torch.int32)  # trailing entries: empty segments at the end
+    cu[: first.numel()] = first
+    return cu
 
 
 def sdpa(q, k, v, mask: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -268,9 +301,8 @@ def attend(
     `half_window` is used by flash only (the masked kernels carry the window in `mask`)."""
     if meta is not None and mask is not None:
         B, T = meta.shape
-        full = qkv.new_zeros(B * T, qkv.shape[-1]).index_copy(0, meta.indices, qkv)  # (B*T, 3H)
-        ctx = attend(full.view(B, T, -1), heads, mask, None, dropout_p, impl, rope)  # (B, T, H)
-        return ctx.reshape(B * T, -1).index_select(0, meta.indices)  # (N, H)
+        ctx = attend(repad(qkv, meta).view(B, T, -1), heads, mask, None, dropout_p, impl, rope)  # (B, T, H)
+        return unpad(ctx.reshape(B * T, -1), meta)  # (N, H)
     lead = qkv.shape[:-1]  # (B, T) or (N,)
     q, k, v = qkv.view(*lead, 3, heads, -1).unbind(-3)  # 3 x (B, T, nh, D) or (N, nh, D)
     if rope is not None:

@@ -263,15 +263,21 @@ class BertEncoderModel(nn.Module):
         self.final_norm = _norm(config) if arch.final_norm else None
         self.rotary = arch.rotary
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None) -> torch.Tensor:
-        """-> sequence output (B, T, H). attention_mask: 0 padding, 1..k sequence index (packed rows)."""
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, cu_seqlens=None
+    ) -> torch.Tensor:
+        """-> sequence output (B, T, H). attention_mask: 0 padding, 1..k sequence index (packed rows).
+        cu_seqlens: `attention.segment_bounds(attention_mask)`, from the loader; with it, `auto` on the flash
+        kernel runs the segmented layout (fixed shapes), and every other path ignores it."""
         B, T = input_ids.shape
         h = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         flash = self.attention_impl in ("auto", "varlen") and attn.varlen_usable(h)
-        masks = None if flash else self._masks(attention_mask)
         ropes = self._ropes(input_ids, position_ids)
+        if flash and cu_seqlens is not None and self.attention_impl == "auto":
+            return self._segmented(h, cu_seqlens, ropes)
+        masks = None if flash else self._masks(attention_mask)
         if flash or self.attention_impl == "varlen":
             # no padding compute: every token-wise op (all the matmuls but attention's) runs on the N real
             # tokens; attention runs in the varlen flash kernel, or else padded with SDPA and the block mask
@@ -280,9 +286,17 @@ class BertEncoderModel(nn.Module):
                 full = (B, T, 1, self.config.head_dim)
                 ropes = {k: (_unpad(c.expand(full), meta), _unpad(s.expand(full), meta)) for k, (c, s) in ropes.items()}
             flat = self._finish(self.encoder(_unpad(h, meta), masks, meta, ropes))  # (N, H)
-            out = flat.new_zeros(B * T, flat.shape[-1]).index_copy(0, meta.indices, flat)
-            return out.view(B, T, -1)  # (B, T, H), zeros at padding
+            return attn.repad(flat, meta).view(B, T, -1)  # (B, T, H), zeros at padding
         return self._finish(self.encoder(h, masks, None, ropes))
+
+    def _segmented(self, h, cu_seqlens, ropes) -> torch.Tensor:
+        """Every token of the batch in one (B*T, H) stream; attention within the segments of `cu_seqlens` in
+        the flash kernel (`attention.segment_bounds`): static shapes, no gather, no host sync."""
+        B, T, H = h.shape
+        meta = attn.VarlenMeta(None, cu_seqlens, T, (B, T))
+        if ropes is not None:  # (B|1, T, 1, D) -> (B*T, 1, D)
+            ropes = {k: tuple(x.expand(B, T, 1, -1).reshape(B * T, 1, -1) for x in cs) for k, cs in ropes.items()}
+        return self._finish(self.encoder(h.reshape(B * T, H), None, meta, ropes)).view(B, T, H)
 
     def _finish(self, h):
         return h if self.final_norm is None else self.final_norm(h)
@@ -310,7 +324,7 @@ class BertEncoderModel(nn.Module):
 
 def _unpad(x: torch.Tensor, meta: attn.VarlenMeta) -> torch.Tensor:
     """(B, T, ...) -> (N, ...) at the real tokens."""
-    return x.reshape(-1, *x.shape[2:]).index_select(0, meta.indices)
+    return attn.unpad(x.reshape(-1, *x.shape[2:]), meta)
 
 
 def init_weights(module: nn.Module, config: BertConfig) -> None:
@@ -400,8 +414,9 @@ class BertForTask(nn.Module):
         labels=None,
         start_positions=None,
         end_positions=None,
+        cu_seqlens=None,
     ) -> ModelOutput:
-        seq = self.bert(input_ids, attention_mask, token_type_ids, position_ids)  # (B, T, H)
+        seq = self.bert(input_ids, attention_mask, token_type_ids, position_ids, cu_seqlens)  # (B, T, H)
         batch = {
             "masked_positions": masked_positions,
             "masked_labels": masked_labels,

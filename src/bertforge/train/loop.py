@@ -117,6 +117,16 @@ def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
     return shards
 
 
+def wants_segments(cfg: PretrainConfig, device: torch.device, kind: str) -> bool:
+    """Whether batches carry `cu_seqlens` for the segmented layout (`model.attention.segment_bounds`), which
+    `train.attention=auto` runs on the CUDA flash kernel: for packed rows (almost no padding to compute, and no
+    gather or host sync) and for compiled steps (fixed shapes: one graph, CUDA graphs possible). Unpacked eager
+    steps keep unpadding (no compute on padding at all); the model ignores the bounds wherever flash is not
+    usable, so this decides speed, never results."""
+    packed = "packed" in kind or cfg.data.pack_per_row > 0
+    return device.type == "cuda" and cfg.train.attention == "auto" and (packed or bool(compile_mode(cfg.train)))
+
+
 def build_loader(cfg: PretrainConfig, shards: ShardSet | None, info: ddp.DistInfo, vocab_size: int):
     t, d = cfg.train, cfg.data
     if shards is None:
@@ -449,6 +459,7 @@ def setup(
     )
     loader = build_loader(cfg, shards, info, vocab_size)
     loader.pin_memory = device.type == "cuda"  # page-locked batches: the non-blocking copies overlap the step
+    loader.segments = wants_segments(cfg, device, loader.kind)
     check_fits(loader, shards, bert_cfg)
     logger = MetricsLogger(
         Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard, resume=resumed
