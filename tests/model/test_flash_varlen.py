@@ -53,3 +53,7 @@ def origin(node):
 
 def test_not_used_off_cuda():
     assert not attn.varlen_usable(torch.zeros(2, 8, dtype=torch.bfloat16))
+
+
+def test_tagged_random_so_a_compiled_recompute_replays_its_rng_state():
+    assert torch.Tag.nondeterministic_seeded in torch.ops.bertforge.flash_varlen.default.tags

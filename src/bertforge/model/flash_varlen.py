@@ -19,7 +19,9 @@ import torch
 Tensor = torch.Tensor
 
 
-@torch.library.custom_op("bertforge::flash_varlen", mutates_args=())
+# tagged random like aten's own kernel: compiled activation checkpointing then replays the forward's RNG state
+# when it recomputes the op (a fresh draw would give the backward another mask than the forward used)
+@torch.library.custom_op("bertforge::flash_varlen", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def flash_varlen_op(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float, left: int, right: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
