@@ -19,9 +19,17 @@ import torch
 Tensor = torch.Tensor
 
 
-# tagged random like aten's own kernel: compiled activation checkpointing then replays the forward's RNG state
-# when it recomputes the op (a fresh draw would give the backward another mask than the forward used)
-@torch.library.custom_op("bertforge::flash_varlen", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def _random_op(name: str):
+    """`torch.library.custom_op`, tagged random like aten's own kernel: compiled activation checkpointing then
+    replays the forward's RNG state when it recomputes the op (a fresh draw would give the backward another mask
+    than the forward used). A torch without custom_op's `tags` gets the untagged op."""
+    try:
+        return torch.library.custom_op(name, mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+    except TypeError:
+        return torch.library.custom_op(name, mutates_args=())
+
+
+@_random_op("bertforge::flash_varlen")
 def flash_varlen_op(
     q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float, left: int, right: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
