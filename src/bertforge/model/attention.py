@@ -12,13 +12,14 @@ Kernels, chosen per model by name (`ATTENTION_IMPLS`):
 - `varlen`: tokens unpadded to (N, H) for the whole encoder, so no matmul runs on padding. Attention runs in a
   varlen flash kernel (`flash_attn.flash_attn_varlen_func` when installed, else torch's own FlashAttention-2
   kernels through `model.flash_varlen`; both apply attention dropout) on CUDA (sm80+) with half-precision
-  inputs; anywhere else the layer
-  re-pads q/k/v for `sdpa` with the block mask and unpads the context again. Data-dependent shapes
-  (`nonzero`): meant for eager mode, not for one compiled graph.
-- `auto`: the flash varlen path where it is usable for the batch, else plain padded `sdpa` (compiles without
-  graph breaks on CPU) — except when training with attention dropout on CPU in eager mode, where it takes
-  `unfused`: SDPA has no fused dropout kernel there and falls back to this same computation with torch's slow
-  dropout; written out with `model.dropout`'s mask it is ~2x faster (bf16, forward + backward).
+  inputs; anywhere else the layer re-pads q/k/v for `sdpa` with the block mask and unpads the context again.
+  Data-dependent shapes (`nonzero`): meant for eager mode, not for one compiled graph.
+- `auto`: the flash varlen path where it is usable for the batch — in the segmented layout (every token, fixed
+  shapes: `segment_bounds`) when the batch carries `cu_seqlens`, else unpadded — or plain padded `sdpa`
+  (compiles without graph breaks on CPU) — except when training with attention dropout on CPU in eager mode,
+  where it takes `unfused`: SDPA has no fused dropout kernel there and falls back to this same computation
+  with torch's slow dropout; written out with `model.dropout`'s mask it is ~2x faster (bf16, forward +
+  backward).
 - `eager`: softmax(QK^T / sqrt(d) + mask) V written out, the reference the others are tested against.
 
 Every encoder family goes through `attend` (fused qkv in, context out, in whichever layout the encoder runs).

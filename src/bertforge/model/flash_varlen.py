@@ -29,12 +29,8 @@ def _random_op(name: str):
         return torch.library.custom_op(name, mutates_args=())
 
 
-@_random_op("bertforge::flash_varlen")
-def flash_varlen_op(
-    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float, left: int, right: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """q, k, v (N, nh, D); cu_seqlens (S+1,) int32 -> out (N, nh, D), logsumexp (nh, N) fp32, and the
-    Philox seed and offset the dropout mask was drawn with. left/right: the key window (-1: unbounded)."""
+def _forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, left, right):
+    """aten's varlen forward: out, logsumexp, seed, offset (its debug mask dropped)."""
     out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
         q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False,
         window_size_left=left, window_size_right=right,
@@ -42,14 +38,17 @@ def flash_varlen_op(
     return out, lse, seed, offset
 
 
-@flash_varlen_op.register_fake
-def _flash_varlen_fake(q, k, v, cu_seqlens, max_seqlen, dropout_p, left, right):
-    # aten's own meta kernel gives the shapes and dtypes (the seed/offset layout differs between CUDA and ROCm)
-    out = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False,
-        window_size_left=left, window_size_right=right,
-    )  # fmt: skip
-    return out[:4]
+@_random_op("bertforge::flash_varlen")
+def flash_varlen_op(
+    q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float, left: int, right: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """q, k, v (N, nh, D); cu_seqlens (S+1,) int32 -> out (N, nh, D), logsumexp (nh, N) fp32, and the
+    Philox seed and offset the dropout mask was drawn with. left/right: the key window (-1: unbounded)."""
+    return _forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, left, right)
+
+
+# the shapes: aten's own meta kernel, run on the fake tensors (the seed/offset layout differs on ROCm)
+flash_varlen_op.register_fake(_forward)
 
 
 @torch.library.custom_op("bertforge::flash_varlen_backward", mutates_args=())
