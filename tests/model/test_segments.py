@@ -7,6 +7,7 @@ The kernel itself: test_gpu_varlen.py."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,8 +16,7 @@ from bertforge.data.loader import batch_stream
 from bertforge.data.synthetic import SyntheticLoader, _SyntheticStream
 from bertforge.model import BertConfig, build_model
 from bertforge.model import attention as attn
-from bertforge.train.config import PretrainConfig
-from bertforge.train.loop import wants_segments
+from bertforge.runtime.step import wants_segments
 
 from .test_model import packed_and_padded, tiny
 
@@ -121,13 +121,21 @@ def test_loader_batches_carry_the_bounds_when_asked(workers):
     assert torch.equal(next(loader.iterate())["cu_seqlens"], batch["cu_seqlens"])
 
 
-def test_the_loop_asks_for_bounds_for_packed_or_compiled_flash_steps():
-    cfg = PretrainConfig()
+def test_runs_ask_for_bounds_for_packed_or_compiled_flash_steps():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert wants_segments(cfg, cuda, "synthetic-packed") and wants_segments(cfg, cuda, "packed")
-    assert not wants_segments(cfg, cuda, "nvidia")  # unpacked, eager: unpadding computes no padding at all
-    assert not wants_segments(cfg, cpu, "packed")
-    cfg.train.compile = True
-    assert wants_segments(cfg, cuda, "nvidia")
-    cfg.train.attention = "varlen"  # asked for unpadding
-    assert not wants_segments(cfg, cuda, "packed")
+    assert wants_segments(cuda, "auto", packed=True, compiled=False)
+    assert wants_segments(cuda, "auto", packed=False, compiled=True)
+    assert not wants_segments(cuda, "auto", packed=False, compiled=False)  # unpadding computes no padding at all
+    assert not wants_segments(cpu, "auto", packed=True, compiled=True)
+    assert not wants_segments(cuda, "varlen", packed=True, compiled=True)  # asked for unpadding
+    assert not wants_segments(cuda, "sdpa", packed=True, compiled=True)
+
+
+def test_fine_tuning_batches_carry_the_bounds_when_asked():
+    from bertforge.finetune.runner import Encoded, collate
+
+    ids = [np.array([2, 5, 6, 3]), np.array([2, 7, 3])]
+    data = Encoded(input_ids=ids, token_type_ids=[np.zeros_like(x) for x in ids], targets={})
+    plain = collate(data, [0, 1], 0, torch.device("cpu"), targets=False)
+    batch = collate(data, [0, 1], 0, torch.device("cpu"), targets=False, segments=True)
+    assert "cu_seqlens" not in plain and batch["cu_seqlens"].tolist() == [0, 4, 7, 8, 8]

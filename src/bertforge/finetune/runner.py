@@ -42,6 +42,7 @@ from bertforge.errors import UserError
 from bertforge.finetune import glue, squad
 from bertforge.finetune.config import FinetuneConfig, TaskConfig
 from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
+from bertforge.model.attention import segment_bounds
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as D
@@ -50,7 +51,7 @@ from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger
 from bertforge.runtime.preempt import Preemption
 from bertforge.runtime.progress import Progress
-from bertforge.runtime.step import TrainStep, set_lr, train_step
+from bertforge.runtime.step import TrainStep, set_lr, train_step, wants_segments
 
 SQUAD_TASKS = ("squad", "squad_v2")
 ALL_TASKS = SQUAD_TASKS + tuple(glue.GLUE_TASKS)
@@ -124,9 +125,10 @@ def collate(
     device: torch.device,
     targets: bool = True,
     pad_to: int = 0,
+    segments: bool = False,
 ) -> dict[str, torch.Tensor]:
     """A batch padded to its own longest row, or to `pad_to` if longer: input_ids/token_type_ids/attention_mask
-    (B, T_batch)."""
+    (B, T_batch); with `segments`, also the segmented layout's `cu_seqlens` (`runtime.step.wants_segments`)."""
     T = max(pad_to, *(len(data.input_ids[r]) for r in rows))
     ids = np.full((len(rows), T), pad_id, dtype=np.int64)
     types = np.zeros((len(rows), T), dtype=np.int64)
@@ -137,7 +139,10 @@ def collate(
     batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
     if targets:
         batch.update({k: v[list(rows)] for k, v in data.targets.items()})
-    return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device, non_blocking=True) for k, v in batch.items()}
+    host = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+    if segments:
+        host["cu_seqlens"] = segment_bounds(host["attention_mask"])
+    return {k: v.to(device, non_blocking=True) for k, v in host.items()}
 
 
 def train_batches(
@@ -510,7 +515,8 @@ def micro_batches(
     mine = rows[s.info.rank :: s.info.world_size]
     parts = [mine[i : i + t.micro_batch_size] for i in range(0, len(mine), t.micro_batch_size)]
     weights = [len(m) / len(rows) * s.info.world_size for m in parts]
-    batches = (collate(data, m, s.pad_id, s.device, pad_to=pad_to) for m in parts)
+    segments = wants_segments(s.device, t.attention, False, bool(compile_mode(t)))
+    batches = (collate(data, m, s.pad_id, s.device, pad_to=pad_to, segments=segments) for m in parts)
     return batches, len(parts), weights
 
 

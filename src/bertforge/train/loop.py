@@ -47,7 +47,7 @@ from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger, read_jsonl
 from bertforge.runtime.preempt import Preemption
 from bertforge.runtime.profile import PowerSampler, StepProfiler, StepTimeline, format_parts
-from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step
+from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step, wants_segments
 from bertforge.train import checkpoint as ckpt
 from bertforge.train.config import PretrainConfig
 
@@ -115,16 +115,6 @@ def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
     if shards is not None and held_out is not None:
         shards.check_compatible(held_out)
     return shards
-
-
-def wants_segments(cfg: PretrainConfig, device: torch.device, kind: str) -> bool:
-    """Whether batches carry `cu_seqlens` for the segmented layout (`model.attention.segment_bounds`), which
-    `train.attention=auto` runs on the CUDA flash kernel: for packed rows (almost no padding to compute, and no
-    gather or host sync) and for compiled steps (fixed shapes: one graph, CUDA graphs possible). Unpacked eager
-    steps keep unpadding (no compute on padding at all); the model ignores the bounds wherever flash is not
-    usable, so this decides speed, never results."""
-    packed = "packed" in kind or cfg.data.pack_per_row > 0
-    return device.type == "cuda" and cfg.train.attention == "auto" and (packed or bool(compile_mode(cfg.train)))
 
 
 def build_loader(cfg: PretrainConfig, shards: ShardSet | None, info: ddp.DistInfo, vocab_size: int):
@@ -459,7 +449,8 @@ def setup(
     )
     loader = build_loader(cfg, shards, info, vocab_size)
     loader.pin_memory = device.type == "cuda"  # page-locked batches: the non-blocking copies overlap the step
-    loader.segments = wants_segments(cfg, device, loader.kind)
+    packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
+    loader.segments = wants_segments(device, t.attention, packed, bool(compile_mode(t)))
     check_fits(loader, shards, bert_cfg)
     logger = MetricsLogger(
         Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard, resume=resumed
