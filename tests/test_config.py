@@ -59,6 +59,13 @@ def test_validation_error_says_what_to_change():
         C.load_config("pretrain", "demo_tiny_128", ["train.global_batch_size=100", "train.micro_batch_size=64"])
 
 
+def test_fp8_refuses_unpadding_before_the_run():
+    """torch._scaled_mm needs token counts in multiples of 16: unpadded steps would fail at their first backward."""
+    with pytest.raises(ConfigError, match=r"train.fp8.*train.attention=varlen.*use train.attention=auto"):
+        C.load_config("pretrain", "demo_tiny_128", ["train.fp8=true", "train.attention=varlen"])
+    assert C.load_config("pretrain", "demo_tiny_128", ["train.fp8=true"]).train.attention == "auto"
+
+
 def test_unknown_key_in_yaml_file(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("train:\n  outptu_dir: x\n")

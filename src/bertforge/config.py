@@ -156,6 +156,11 @@ class TrainConfig:
             raise ConfigError("train.cuda_graphs captures the compiled step: set train.compile=true as well")
         if self.cuda_graphs and self.device not in ("auto", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"train.cuda_graphs needs a CUDA device; train.device is {self.device!r}")
+        if self.fp8 and self.attention == "varlen":
+            raise ConfigError(
+                "train.fp8's matmuls need token counts in multiples of 16, and unpadding (train.attention=varlen) "
+                "gives any count: use train.attention=auto (FP8 steps then keep every token) or sdpa"
+            )
         if self.fp8 and self.precision not in ("auto", "bf16"):
             raise ConfigError(f"train.fp8 runs the other ops in bf16; set train.precision=bf16, not {self.precision}")
         if self.global_batch_size % self.micro_batch_size:

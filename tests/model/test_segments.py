@@ -121,14 +121,14 @@ def test_loader_batches_carry_the_bounds_when_asked(workers):
     assert torch.equal(next(loader.iterate())["cu_seqlens"], batch["cu_seqlens"])
 
 
-def test_runs_ask_for_bounds_for_packed_or_compiled_flash_steps():
+def test_runs_ask_for_bounds_for_packed_or_fixed_shape_flash_steps():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert wants_segments(cuda, "auto", packed=True, compiled=False)
-    assert wants_segments(cuda, "auto", packed=False, compiled=True)
-    assert not wants_segments(cuda, "auto", packed=False, compiled=False)  # unpadding computes no padding at all
-    assert not wants_segments(cpu, "auto", packed=True, compiled=True)
-    assert not wants_segments(cuda, "varlen", packed=True, compiled=True)  # asked for unpadding
-    assert not wants_segments(cuda, "sdpa", packed=True, compiled=True)
+    assert wants_segments(cuda, "auto", packed=True, fixed=False)
+    assert wants_segments(cuda, "auto", packed=False, fixed=True)  # compiled, or FP8
+    assert not wants_segments(cuda, "auto", packed=False, fixed=False)  # unpadding computes no padding at all
+    assert not wants_segments(cpu, "auto", packed=True, fixed=True)
+    assert not wants_segments(cuda, "varlen", packed=True, fixed=True)  # asked for unpadding
+    assert not wants_segments(cuda, "sdpa", packed=True, fixed=True)
 
 
 def test_fine_tuning_batches_carry_the_bounds_when_asked():

@@ -515,7 +515,7 @@ def micro_batches(
     mine = rows[s.info.rank :: s.info.world_size]
     parts = [mine[i : i + t.micro_batch_size] for i in range(0, len(mine), t.micro_batch_size)]
     weights = [len(m) / len(rows) * s.info.world_size for m in parts]
-    segments = wants_segments(s.device, t.attention, False, bool(compile_mode(t)))
+    segments = wants_segments(s.device, t.attention, packed=False, fixed=bool(compile_mode(t)))
     batches = (collate(data, m, s.pad_id, s.device, pad_to=pad_to, segments=segments) for m in parts)
     return batches, len(parts), weights
 

@@ -95,13 +95,14 @@ class StepResult:
     device)."""
 
 
-def wants_segments(device: torch.device, attention: str, packed: bool, compiled: bool) -> bool:
+def wants_segments(device: torch.device, attention: str, packed: bool, fixed: bool) -> bool:
     """Whether a run's batches should carry `cu_seqlens` for the segmented layout
     (`model.attention.segment_bounds`), which `attention="auto"` runs on the CUDA flash kernel: for packed rows
-    (almost no padding to compute, and no gather or host sync) and for compiled steps (fixed shapes: one graph,
-    CUDA graphs possible). Unpacked eager steps keep unpadding (no compute on padding at all); the model ignores
-    the bounds wherever flash is not usable, so this decides speed, never results."""
-    return device.type == "cuda" and attention == "auto" and (packed or compiled)
+    (almost no padding to compute, and no gather or host sync) and for steps that need `fixed` shapes —
+    compiled steps (one graph, CUDA graphs possible) and FP8 steps (`torch._scaled_mm` needs token counts in
+    multiples of 16; unpadding leaves any count). Other eager steps keep unpadding (no compute on padding at
+    all); the model ignores the bounds wherever flash is not usable, so this decides speed, never results."""
+    return device.type == "cuda" and attention == "auto" and (packed or fixed)
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:

@@ -450,7 +450,7 @@ def setup(
     loader = build_loader(cfg, shards, info, vocab_size)
     loader.pin_memory = device.type == "cuda"  # page-locked batches: the non-blocking copies overlap the step
     packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
-    loader.segments = wants_segments(device, t.attention, packed, bool(compile_mode(t)))
+    loader.segments = wants_segments(device, t.attention, packed, fixed=bool(compile_mode(t)) or t.fp8)
     check_fits(loader, shards, bert_cfg)
     logger = MetricsLogger(
         Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard, resume=resumed
