@@ -1,5 +1,5 @@
-"""The variable-length path on CUDA (flash-attn varlen or torch's varlen_attn): no padding compute, same
-per-sequence outputs and loss as the padded SDPA path. Needs a CUDA device (marker gpu)."""
+"""The variable-length path on CUDA (flash-attn varlen, or torch's kernels through model.flash_varlen): no padding
+compute, same per-sequence outputs and loss as the padded SDPA path. Needs a CUDA device (marker gpu)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def cuda():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     if attn.VARLEN_KERNEL is None:
-        pytest.skip("no varlen flash kernel (flash-attn or torch.nn.attention.varlen)")
+        pytest.skip("no varlen flash kernel (flash-attn, or torch's aten::_flash_attention_forward)")
     return torch.device("cuda")
 
 
