@@ -5,11 +5,15 @@ reference with the dropout mask the kernel drew)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from bertforge.model import BertConfig, build_model
 from bertforge.model import attention as attn
 from bertforge.model.flash_varlen import flash_varlen
+
+from .test_model import packed_and_padded, tiny
 
 
 def inputs(device="meta"):
@@ -57,3 +61,36 @@ def test_not_used_off_cuda():
 
 def test_tagged_random_so_a_compiled_recompute_replays_its_rng_state():
     assert torch.Tag.nondeterministic_seeded in torch.ops.bertforge.flash_varlen.default.tags
+
+
+@pytest.mark.parametrize("modern", [False, True])
+def test_the_models_segmented_flash_path_runs_the_op_on_meta_tensors(monkeypatch, modern):
+    """The encoder's flash path with the real op (aten's meta kernels standing in for CUDA): bf16 forward, loss
+    and backward wire up, every layer calls the op with the training dropout rate and, for ModernBERT's local
+    layers, the half window."""
+    calls = []
+
+    def spy(q, k, v, cu_seqlens, max_seqlen, dropout_p=0.0, half_window=None):
+        calls.append((dropout_p, half_window))
+        return flash_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p, half_window)
+
+    monkeypatch.setattr(attn, "varlen_usable", lambda h: True)
+    monkeypatch.setattr(attn, "VARLEN_KERNEL", ("torch", spy))
+    if modern:
+        config = BertConfig.from_preset(
+            "modernbert-tiny", vocab_size=97, local_attention=8, attention_probs_dropout_prob=0.1
+        )
+        model, task = build_model(config, "mlm"), "mlm"
+    else:
+        model, task = build_model(tiny(attention_probs_dropout_prob=0.1), "pretraining"), "pretraining"
+    _, packed, _ = packed_and_padded()
+    if task == "mlm":
+        packed = {k: v for k, v in packed.items() if not k.startswith(("nsp", "token_type"))}
+    cu = attn.segment_bounds(packed["attention_mask"])
+    model = model.to("meta", torch.bfloat16).train()
+    out = model(**{k: v.to("meta") for k, v in packed.items()}, cu_seqlens=cu.to("meta"))
+    out.loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model.parameters())
+    layers = model.config.num_hidden_layers
+    windows = [None if i % 3 == 0 else 4 for i in range(layers)] if modern else [None] * layers
+    assert calls == [(0.1, w) for w in windows]
