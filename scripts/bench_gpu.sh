@@ -9,9 +9,12 @@
 #             than MARGIN seconds (default 150: about the longest single entry) are left
 # EARLIER_DIR OUT_DIR of an earlier call, copied back: its reports' finished entries are kept (`bertforge bench
 #             --resume`) and only the rest is measured; its curves are restored
-# STEP        tests, profile, levers, long, loop, data, curve (default: these, in this order) or a spec name;
+# STEP        tests, accept, profile, levers, long, loop, data, curve (default: these, in this order) or a spec name;
 #             SPEC:A,B runs only the spec's entries whose names contain A or B (`bench --only`)
 #   tests    the CUDA tests: compiled step, CUDA graphs, compiled LAMB, FP8, step parts, pinned loaders, varlen
+#            (attention dropout in the kernel, the segmented layout)
+#   accept   issue 19's acceptance first: the HF baselines, the loop vs its isolated step, and the fastest
+#            candidates for each target (CUDA graphs, compiled around the varlen kernel, packed phase 2)
 #   profile  `bertforge pretrain --profile 10`, BERT-large and -base phase 1 compiled: top kernels and the
 #            step's parts (forward, backward, clip, optimizer, between) into the log
 #   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, the segmented layout,
@@ -36,7 +39,7 @@ seconds=${2:?$usage}
 earlier=${3:-}
 shift $(($# < 3 ? $# : 3))
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests profile levers long loop data curve)
+[ ${#steps[@]} -eq 0 ] && steps=(tests accept profile levers long loop data curve)
 margin=${MARGIN:-150}
 end=$((SECONDS + seconds))
 corpus=${CORPUS:-$([ -d .carry/corpus ] && echo .carry/corpus || echo ../shared/corpus)}
@@ -92,6 +95,7 @@ for step in "${steps[@]}"; do
       timeout "$(left)" python3 -m pytest -q -m "not slow" -p no:cacheprovider \
         tests/train/test_gpu_step.py tests/model/test_gpu_varlen.py tests/train/test_fp8.py
       ;;
+    accept) bench pretrain_loop_gpu:_hf,p1_large128_loop,p1_large128_iso,p2_large512_packed_loop,lever_cudagraphs,lever_compiled_varlen ;;
     levers) bench pretrain_loop_gpu:p2_large512_packed_loop,lever_sdpa,lever_unpadded,_varlen_,lever_compiled_large128,lever_compiled_base128,optcompiled,cudagraphs,lever_compiled_nodrop ;;
     loop) bench pretrain_loop_gpu ;;
     long) bench modernbert_long_gpu ;;

@@ -371,6 +371,19 @@ def test_the_gpu_script_resumes_from_an_earlier_calls_reports(tmp_path):
     assert "steps: matmul" in (tmp_path / "two" / "bench_gpu.log").read_text()
 
 
+def test_every_selection_in_the_gpu_script_names_entries_of_its_spec():
+    """`bench SPEC:A,B` in scripts/bench_gpu.sh: a name matching no entry would silently measure nothing."""
+    import re
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "bench_gpu.sh").read_text()
+    selections = re.findall(r"\bbench ([a-z0-9_]+):([A-Za-z0-9_,]+)", script)
+    assert selections
+    for spec, names in selections:
+        entries = [b.name for b in harness.load_spec(spec).benchmarks]
+        for name in names.split(","):
+            assert any(name in e for e in entries), f"{spec}:{name} matches no entry"
+
+
 def test_a_gpu_spec_is_refused_on_a_machine_without_one(tmp_path, capsys, monkeypatch):
     """`requires: cuda`: one line before anything runs, not BERT-large on the CPU for hours."""
     from bertforge import device as dev
