@@ -91,3 +91,35 @@ def small_tmpfs(tmp_path):
     yield mount
     for mnt in mounted:
         subprocess.run(["umount", "-l", str(mnt)], check=False)  # lazy: a file a failed run left open
+
+
+def segment_reference(q, k, v, meta, dropout_p, half_window=None):
+    """The flash kernel's contract on (N, nh, D), written with traceable tensor ops: each token attends to the
+    tokens of its own segment of meta.cu_seqlens (within half_window of it when given)."""
+    import torch
+    import torch.nn.functional as F
+
+    idx = torch.arange(q.shape[0], device=q.device)
+    seg = torch.searchsorted(meta.cu_seqlens[1:].long(), idx, right=True)  # (N,) segment of each token
+    allowed = seg[:, None] == seg[None, :]
+    if half_window is not None:
+        allowed = allowed & ((idx[:, None] - idx[None, :]).abs() <= half_window)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), allowed)
+    return out.transpose(0, 1)
+
+
+@pytest.fixture
+def flash_stand_in(monkeypatch):
+    """The CUDA flash path taken on the CPU, with `segment_reference` as its kernel; records (cu_seqlens,
+    indices, half_window) of every call: indices None in the segmented layout, the real tokens' when unpadded."""
+    from bertforge.model import attention as attn
+
+    seen = []
+
+    def kernel(q, k, v, meta, dropout_p, half_window=None):
+        seen.append((meta.cu_seqlens, meta.indices, half_window))
+        return segment_reference(q, k, v, meta, dropout_p, half_window)
+
+    monkeypatch.setattr(attn, "varlen_usable", lambda h: True)
+    monkeypatch.setattr(attn, "varlen", kernel)
+    return seen

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from bertforge.data.loader import batch_stream
 from bertforge.data.synthetic import SyntheticLoader, _SyntheticStream
@@ -19,32 +18,6 @@ from bertforge.model import attention as attn
 from bertforge.runtime.step import wants_segments
 
 from .test_model import packed_and_padded, tiny
-
-
-def segment_reference(q, k, v, meta, dropout_p, half_window=None):
-    """The flash kernel's contract on (N, nh, D), written with traceable tensor ops: each token attends to the
-    tokens of its own segment of meta.cu_seqlens (within half_window of it when given)."""
-    idx = torch.arange(q.shape[0], device=q.device)
-    seg = torch.searchsorted(meta.cu_seqlens[1:].long(), idx, right=True)  # (N,) segment of each token
-    allowed = seg[:, None] == seg[None, :]
-    if half_window is not None:
-        allowed = allowed & ((idx[:, None] - idx[None, :]).abs() <= half_window)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), allowed)
-    return out.transpose(0, 1)
-
-
-@pytest.fixture
-def flash_stand_in(monkeypatch):
-    """The CUDA flash path taken on the CPU, with the reference as its kernel; records the segment bounds seen."""
-    seen = []
-
-    def kernel(q, k, v, meta, dropout_p, half_window=None):
-        seen.append((meta.cu_seqlens, meta.indices, half_window))
-        return segment_reference(q, k, v, meta, dropout_p, half_window)
-
-    monkeypatch.setattr(attn, "varlen_usable", lambda h: True)
-    monkeypatch.setattr(attn, "varlen", kernel)
-    return seen
 
 
 def test_segment_bounds_cover_every_token_in_runs_then_empty_segments_to_a_multiple_of_rows():

@@ -320,3 +320,25 @@ def test_the_cpu_fast_paths_in_the_loop_track_eager_and_resume_exactly(shards, t
     run_pretrain(_cfg(shards, split, **fast), resume=True)
     a, b = _weights(tmp_path / "fast"), _weights(split)
     assert all(torch.equal(a[k], b[k]) for k in a) and _losses(split) == compiled
+
+
+def test_evaluation_in_the_segmented_layout_scores_as_unpadded(shards, flash_stand_in):
+    """A run whose batches carry segment bounds evaluates held-out batches with them too (a compiled model
+    keeps the layout it was compiled for); the scores equal the unpadded layout's. A per-segment reference
+    stands in for the CUDA flash kernel."""
+    from bertforge.model import BertConfig, build_model
+    from bertforge.runtime.distributed import DistInfo
+    from bertforge.train.loop import evaluate
+
+    from .conftest import VOCAB
+
+    torch.manual_seed(0)
+    model = build_model(BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=64), "pretraining")
+    cpu = torch.device("cpu")
+    args = (shards, cpu, "fp32", 16, 2, DistInfo(), VOCAB, 1)
+    unpadded = evaluate(model, *args)
+    assert flash_stand_in and all(indices is not None for _, indices, _ in flash_stand_in)
+    flash_stand_in.clear()
+    segmented = evaluate(model, *args, segments=True)
+    assert flash_stand_in and all(indices is None for _, indices, _ in flash_stand_in)
+    assert segmented == pytest.approx(unpadded, abs=1e-6)

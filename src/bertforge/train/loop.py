@@ -35,7 +35,7 @@ import torch
 from bertforge import device as dev
 from bertforge.config import compile_keys, compile_mode
 from bertforge.data import synthetic
-from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides
+from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides, with_segments
 from bertforge.data.shardset import ShardSet
 from bertforge.errors import UserError
 from bertforge.optim.lamb import build_optimizer
@@ -190,9 +190,12 @@ def evaluate(
     vocab_size: int,
     seed: int,
     masking: dict[str, Any] | None = None,
+    segments: bool = False,
 ) -> dict[str, float]:
     """MLM and NSP accuracy (and loss) on held-out shards, summed over ranks; no NSP accuracy for an MLM-only
-    model. `masking`: eval_batches' mlm_probability and mask_split (`PretrainDataConfig.eval_masking`)."""
+    model. `masking`: eval_batches' mlm_probability and mask_split (`PretrainDataConfig.eval_masking`).
+    `segments`: batches carry their sequence bounds, as the run's training batches do (`with_segments`), so a
+    compiled model evaluates in the layout it was compiled for."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(6, dtype=torch.float64, device=device)  # loss·n, n, mlm ok, mlm n, nsp ok, nsp n
@@ -206,7 +209,7 @@ def evaluate(
         seed=seed,
         **(masking or {}),
     ):
-        batch = to_device(batch, device)
+        batch = to_device(with_segments(batch) if segments else batch, device)
         with dev.autocast(device, precision):
             out = model(**batch)
         one = torch.ones((), dtype=torch.float64, device=device)
@@ -588,6 +591,7 @@ def evaluate_run(run: Run) -> dict[str, float]:
         run.vocab_size,
         t.seed,
         d.eval_masking,
+        segments=run.loader.segments,
     )
 
 
