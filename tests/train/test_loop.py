@@ -342,3 +342,25 @@ def test_evaluation_in_the_segmented_layout_scores_as_unpadded(shards, flash_sta
     segmented = evaluate(model, *args, segments=True)
     assert flash_stand_in and all(indices is None for _, indices, _ in flash_stand_in)
     assert segmented == pytest.approx(unpadded, abs=1e-6)
+
+
+def test_a_run_in_the_segmented_layout_trains_as_unpadded(shards, tmp_path, flash_stand_in, monkeypatch):
+    """The whole loop with bounds in its batches (loader, step, held-out evaluation): the same losses and scores
+    as the unpadded layout, with the per-segment reference standing in for the CUDA flash kernel."""
+    from bertforge.train import loop
+
+    extra = {"data.eval_dir": str(shards), "train.eval_every": 3}
+    run_pretrain(_cfg(shards, tmp_path / "unpadded", **extra))
+    assert all(indices is not None for _, indices, _ in flash_stand_in)
+    flash_stand_in.clear()
+    monkeypatch.setattr(loop, "wants_segments", lambda *a, **k: True)  # as on CUDA with train.attention=auto
+    run_pretrain(_cfg(shards, tmp_path / "segmented", **extra))
+    assert flash_stand_in and all(indices is None for _, indices, _ in flash_stand_in)
+    assert _losses(tmp_path / "segmented") == pytest.approx(_losses(tmp_path / "unpadded"), abs=1e-5)
+    evals = [_evals(tmp_path / name) for name in ("unpadded", "segmented")]
+    assert evals[0] and evals[1] == pytest.approx(evals[0], abs=1e-5)
+
+
+def _evals(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["eval_mlm_acc"] for r in rows if "eval_mlm_acc" in r}
