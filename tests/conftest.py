@@ -120,6 +120,6 @@ def flash_stand_in(monkeypatch):
         seen.append((meta.cu_seqlens, meta.indices, half_window))
         return segment_reference(q, k, v, meta, dropout_p, half_window)
 
-    monkeypatch.setattr(attn, "varlen_usable", lambda h: True)
+    monkeypatch.setattr(attn, "varlen_usable", lambda h, d: True)
     monkeypatch.setattr(attn, "varlen", kernel)
     return seen

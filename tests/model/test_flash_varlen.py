@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from bertforge.model import BertConfig, build_model
 from bertforge.model import attention as attn
-from bertforge.model.flash_varlen import flash_varlen
+from bertforge.model.flash_varlen import flash_heads, flash_varlen
 
 from .test_model import packed_and_padded, tiny
 
@@ -55,8 +55,9 @@ def origin(node):
     return node.args
 
 
-def test_not_used_off_cuda():
-    assert not attn.varlen_usable(torch.zeros(2, 8, dtype=torch.bfloat16))
+def test_not_used_off_cuda_or_on_heads_the_kernel_does_not_take():
+    assert not attn.varlen_usable(torch.zeros(2, 8, dtype=torch.bfloat16), 64)
+    assert [flash_heads(d) for d in (8, 64, 256, 12, 264)] == [True, True, True, False, False]
 
 
 def test_tagged_random_so_a_compiled_recompute_replays_its_rng_state():
@@ -74,7 +75,7 @@ def test_the_models_segmented_flash_path_runs_the_op_on_meta_tensors(monkeypatch
         calls.append((dropout_p, half_window))
         return flash_varlen(q, k, v, cu_seqlens, max_seqlen, dropout_p, half_window)
 
-    monkeypatch.setattr(attn, "varlen_usable", lambda h: True)
+    monkeypatch.setattr(attn, "varlen_usable", lambda h, d: True)
     monkeypatch.setattr(attn, "VARLEN_KERNEL", ("torch", spy))
     if modern:
         config = BertConfig.from_preset(

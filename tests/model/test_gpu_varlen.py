@@ -210,3 +210,19 @@ def test_segmented_layout_on_the_flash_kernel_eager_and_compiled(cuda):
     torch.testing.assert_close(compiled_loss, eager_loss, atol=2e-2, rtol=2e-2)
     for c, e in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(c, e, atol=5e-2, rtol=5e-2)
+
+
+def test_heads_the_flash_kernel_does_not_take_keep_sdpa(cuda):
+    """Head size 12 (not a multiple of 8): `auto` trains on the masked SDPA path instead of failing in flash."""
+    model = build_model(tiny(hidden_size=48, attention_probs_dropout_prob=0.1), "pretraining").to(cuda).train()
+    _, packed, _ = packed_and_padded()
+    calls = []
+    real = attn.varlen
+    attn.varlen = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**{k: v.to(cuda) for k, v in packed.items()}).loss
+    finally:
+        attn.varlen = real
+    loss.backward()
+    assert not calls and torch.isfinite(loss)

@@ -295,7 +295,7 @@ def test_flash_varlen_plumbing_with_a_reference_kernel(monkeypatch):
         assert meta.max_seqlen == max(e - s for s, e in zip(cu[:-1], cu[1:]))
         return out
 
-    monkeypatch.setattr(attn, "varlen_usable", lambda h: True)
+    monkeypatch.setattr(attn, "varlen_usable", lambda h, d: True)
     monkeypatch.setattr(attn, "varlen", reference_varlen)
     torch.manual_seed(0)
     model = build_model(tiny(), "pretraining", attention="auto").eval()

@@ -156,7 +156,7 @@ def test_flash_varlen_plumbing_with_a_windowed_reference_kernel(tmp_path, monkey
 
     theirs = hf_model(tmp_path)
     ours, _ = load_pretrained(tmp_path / "hf", "mlm", attention="auto")
-    monkeypatch.setattr(attn, "varlen_usable", lambda h: True)
+    monkeypatch.setattr(attn, "varlen_usable", lambda h, d: True)
     monkeypatch.setattr(attn, "varlen", reference_varlen)
     ids, mask = batch(40)
     with torch.no_grad():

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from bertforge.model.dropout import fast_dropout_usable, keep_mask
-from bertforge.model.flash_varlen import flash_capable, flash_varlen
+from bertforge.model.flash_varlen import flash_capable, flash_heads, flash_varlen
 
 ATTENTION_IMPLS = ("auto", "sdpa", "varlen", "eager")
 
@@ -329,10 +329,13 @@ def masked_kernel(impl: str, dropout_p: float, x: torch.Tensor):
     return sdpa
 
 
-def varlen_usable(hidden: torch.Tensor) -> bool:
-    """The varlen flash kernels run on CUDA (sm80 or newer) in fp16/bf16 only, with or without attention
-    dropout; elsewhere the encoder keeps the padded SDPA path with the block mask."""
-    if not hidden.is_cuda or VARLEN_KERNEL is None or not flash_capable(hidden.device.index or 0):
+def varlen_usable(hidden: torch.Tensor, head_dim: int) -> bool:
+    """The varlen flash kernels run on CUDA (sm80 or newer) in fp16/bf16 only, on heads a multiple of 8 wide up
+    to 256, with or without attention dropout; elsewhere the encoder keeps the padded SDPA path with the block
+    mask."""
+    if not flash_heads(head_dim) or not hidden.is_cuda or VARLEN_KERNEL is None:
+        return False
+    if not flash_capable(hidden.device.index or 0):
         return False
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else hidden.dtype
     return dtype in (torch.float16, torch.bfloat16)

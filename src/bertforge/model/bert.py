@@ -273,7 +273,7 @@ class BertEncoderModel(nn.Module):
         h = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        flash = self.attention_impl in ("auto", "varlen") and attn.varlen_usable(h)
+        flash = self.attention_impl in ("auto", "varlen") and attn.varlen_usable(h, self.config.head_dim)
         ropes = self._ropes(input_ids, position_ids)
         if flash and cu_seqlens is not None and self.attention_impl == "auto":
             return self._segmented(h, cu_seqlens, ropes)

@@ -98,6 +98,11 @@ def flash_varlen(
     return flash_varlen_op(q, k, v, cu_seqlens, max_seqlen, dropout_p, w, w)[0]
 
 
+def flash_heads(head_dim: int) -> bool:
+    """The head sizes FlashAttention-2 takes: multiples of 8 up to 256."""
+    return head_dim % 8 == 0 and head_dim <= 256
+
+
 _CAPABLE: dict[int, bool] = {}
 
 
