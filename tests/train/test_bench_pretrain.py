@@ -103,3 +103,11 @@ def test_the_loop_benchmark_runs_bertforge_pretrain_and_its_curves_compare(tmp_p
     assert open(tmp_path / "c.png", "rb").read(4) == b"\x89PNG"
     with pytest.raises(UserError, match="share no logged step"):
         pl.compare_curves(ref, noise, [str(curve)], skip_steps=20)  # the real run logged steps 2..8 only
+
+
+def test_the_isolated_step_gets_the_layout_the_product_gives(flash_stand_in, monkeypatch):
+    """Where a run's batches would carry segment bounds (compiled or packed on CUDA), the isolated step's do too,
+    so it times the product's layout (the per-segment reference stands in for the CUDA flash kernel)."""
+    monkeypatch.setattr(bench_step, "wants_segments", lambda *a, **k: True)
+    bench_step.train_step(preset="tiny", batch=3, seq=24, masked=4, steps=1)
+    assert flash_stand_in and all(indices is None for _, indices, _ in flash_stand_in)

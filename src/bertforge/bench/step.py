@@ -24,10 +24,11 @@ import torch
 from bertforge import device as dev
 from bertforge.bench.baseline import hf_pretraining, hf_step
 from bertforge.bench.harness import SetupCache
+from bertforge.data.loader import with_segments
 from bertforge.model import MODEL_PRESETS, BertConfig, build_model
 from bertforge.model.flops import flops_per_sequence
 from bertforge.optim.lamb import build_optimizer
-from bertforge.runtime.step import TrainStep
+from bertforge.runtime.step import TrainStep, wants_segments
 from bertforge.runtime.step import train_step as product_step
 
 _CACHE = SetupCache()
@@ -104,6 +105,8 @@ def _build(impl, preset, precision, batch, seq, masked, data_dir, vocab, attenti
         return where, config, (model, opt), inputs, seq, masked
     if impl != "ours":
         raise ValueError(f"impl must be ours or hf, not {impl!r}")
+    if wants_segments(where, attention, packed="position_ids" in inputs[0], fixed=bool(compile)):
+        inputs = [with_segments(b) for b in inputs]  # as the product's loaders give them (runtime.step)
     model = build_model(config, "mlm" if modern else "pretraining", attention=attention).to(where).train()
     opt = build_optimizer(
         model, optimizer, 1e-4 if optimizer == "adamw" else 1e-3, 0.01, (0.9, 0.999), 1e-6, where.type
