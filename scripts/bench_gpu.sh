@@ -25,8 +25,10 @@
 #            in $CORPUS (default .carry/corpus, else ../shared/corpus); skipped when the shards exist
 #   curve    benchmarks/pretrain_curve_gpu.yml    issue 19: 300 steps on those shards, fast paths vs eager
 #
-# #23's quality_budget_gpu runs in three calls of its own, named in its spec (quality_budget_gpu:_ours, :_hf,
-# :_glue, each after `data`).
+# #23's quality_budget_gpu runs one side per lease, named in its spec (`data`, then quality_budget_gpu:_ours or
+# :_hf in a second call while the machine is warm); after a side, its record and final model go to OUT as
+# quality_<side>.tgz.NN (15 MiB parts: a call brings back files of at most 16 MiB), which an EARLIER_DIR
+# restores, and `cat DIR/quality_<side>.tgz.* | tar xzf -` restores anywhere (benchmarks/quality_budget_gpu_glue.yml).
 #
 # The lent machine has no network: FP8 needs torchao's wheel in .whl/ (installed into /tmp/site when torchao
 # is missing), and ../shared does not travel: copy the corpus's .xz files to .carry/corpus (and, for GLUE,
@@ -43,6 +45,7 @@ steps=("$@")
 margin=${MARGIN:-150}
 end=$((SECONDS + seconds))
 corpus=${CORPUS:-$([ -d .carry/corpus ] && echo .carry/corpus || echo ../shared/corpus)}
+quality=${QUALITY:-runs/bench/quality_gpu}  # quality_budget_gpu.yml's out_dir
 
 mkdir -p "$out"
 exec > >(tee -a "$out/bench_gpu.log") 2>&1
@@ -58,6 +61,9 @@ fi
 if [ -n "$earlier" ] && [ -d "$earlier" ]; then
   cp -n "$earlier"/*.json "$out"/ 2>/dev/null
   [ -f "$earlier/curves.tgz" ] && mkdir -p runs && tar xzf "$earlier/curves.tgz" -C runs && cp "$earlier/curves.tgz" "$out/"
+  for first in "$earlier"/quality_*.tgz.00; do
+    [ -f "$first" ] && cat "${first%.00}".* | tar xzf -
+  done
 fi
 
 echo "== $(date -Is) $(git rev-parse --short HEAD 2>/dev/null) steps: ${steps[*]}; ${seconds}s, margin ${margin}s"
@@ -65,6 +71,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limi
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
 left() { echo $((end - SECONDS - margin)); }
+
+pack_side() {  # pack_side SIDE: the side's record and final model (paths relative to here) into OUT, 15 MiB parts
+  local record=$quality/$1/side.json model
+  [ -f "$record" ] || { echo "pack $1: no $record"; return; }
+  model=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["model_dir"])' "$record")
+  rm -f "$out/quality_$1.tgz."*
+  tar czf - "$record" "$model" | split -b 15M -d - "$out/quality_$1.tgz." && ls -l "$out"/quality_"$1".tgz.*
+}
 
 bench() {  # bench SPEC[:A,B]: run what its report in OUT_DIR lacks (of the entries named), until the time is up
   local spec=${1%%:*} only=()
@@ -118,6 +132,10 @@ for step in "${steps[@]}"; do
     curve)
       bench pretrain_curve_gpu
       [ -d runs/curves ] && tar czf "$out/curves.tgz.tmp" -C runs curves && mv "$out/curves.tgz.tmp" "$out/curves.tgz"
+      ;;
+    quality_budget_gpu:_ours | quality_budget_gpu:_hf)
+      bench "$step"
+      pack_side "${step##*_}"
       ;;
     *) bench "$step" ;;
   esac

@@ -371,6 +371,41 @@ def test_the_gpu_script_resumes_from_an_earlier_calls_reports(tmp_path):
     assert "steps: matmul" in (tmp_path / "two" / "bench_gpu.log").read_text()
 
 
+def test_the_gpu_script_returns_a_quality_side_in_parts_that_a_later_call_restores(tmp_path):
+    """After a quality_budget_gpu side, its record and model leave the lease as 15 MiB parts (a call brings back
+    files of at most 16 MiB); an EARLIER_DIR holding them puts both back where they were."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    rel = f"runs/test_quality_parts_{os.getpid()}"  # the script runs from the repo root; runs/ is ignored
+    model = root / rel / "ours" / "pretrain" / "model"
+    weights = os.urandom(20 * 2**20)  # incompressible: two parts
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "QUALITY": rel, "MARGIN": "0"}
+
+    def call(*args):
+        proc = subprocess.run([str(root / "scripts" / "bench_gpu.sh"), *args], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+    try:
+        model.mkdir(parents=True)
+        (model / "model.safetensors").write_bytes(weights)
+        record = {"model_dir": f"{rel}/ours/pretrain/model", "curve": [{"train_s": 1.0, "step": 1, "acc": 0.1}]}
+        (root / rel / "ours" / "side.json").write_text(json.dumps(record))
+        call(str(tmp_path / "one"), "60", "", "quality_budget_gpu:_ours")  # the spec itself is refused here
+        parts = sorted((tmp_path / "one").glob("quality_ours.tgz.*"))
+        assert [p.name for p in parts] == ["quality_ours.tgz.00", "quality_ours.tgz.01"]
+        assert all(p.stat().st_size <= 15 * 2**20 for p in parts)
+        shutil.rmtree(root / rel)
+        call(str(tmp_path / "two"), "0", str(tmp_path / "one"))  # no time for any step: only the restore
+        assert (model / "model.safetensors").read_bytes() == weights
+        assert json.loads((root / rel / "ours" / "side.json").read_text()) == record
+    finally:
+        shutil.rmtree(root / rel, ignore_errors=True)
+
+
 def test_every_selection_in_the_gpu_script_names_entries_of_its_spec():
     """`bench SPEC:A,B` in scripts/bench_gpu.sh: a name matching no entry would silently measure nothing."""
     import re

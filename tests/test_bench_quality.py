@@ -169,3 +169,27 @@ def test_a_call_that_trains_no_side_compares_the_earlier_calls_and_runs_glue_on_
     assert glued == ["/models/ours", "/models/hf"]
     assert r["target_acc"] == 0.12 and r["ours_seconds_to_target"] == 20.0 and r["ours_glue_avg"] == 80.0
     assert "GLUE dev, HF baseline" in (out / "report.md").read_text()
+
+
+def test_a_call_with_one_sides_record_runs_glue_on_that_side_alone(tmp_path, monkeypatch):
+    """The 15-minute GPU plan: each side's model is fine-tuned in the session that trained it, before the other
+    side exists; a call with no record at all says where it looked."""
+    import json
+
+    out = tmp_path / "q"
+    (out / "hf").mkdir(parents=True)
+    curve = [{"train_s": 10.0, "step": 5, "acc": 0.07}, {"train_s": 20.0, "step": 10, "acc": 0.11}]
+    (out / "hf" / "side.json").write_text(json.dumps({"curve": curve, "steps": 10, "model_dir": "/models/hf"}))
+    glued = []
+
+    def fake_glue(p, model_dir, where, cache):
+        glued.append((model_dir, where.name))
+        return {"average": 61.5}
+
+    monkeypatch.setattr(quality, "_glue", fake_glue)
+    r = quality.quality_budget(str(out), "d", "e", "v", budget_s=20, sides=[], glue_dir="glue")
+    assert glued == [("/models/hf", "glue_hf")]
+    assert r == {"hf_final_acc": 0.11, "hf_steps": 10.0, "hf_glue_avg": 61.5}
+    assert not (out / "report.md").exists()  # no comparison without the other side
+    with pytest.raises(UserError, match="no side.json under"):
+        quality.quality_budget(str(tmp_path / "empty"), "d", "e", "v", budget_s=20, sides=[], glue_dir="glue")

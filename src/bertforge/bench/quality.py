@@ -275,8 +275,7 @@ def quality_budget(
     out.mkdir(parents=True, exist_ok=True)
     sides = run_sides(p, out)
     if len(sides) < 2:  # the other side runs in a call of its own (a 10-minute GPU lease per side)
-        k, s = next(iter(sides.items()))
-        return {f"{k}_final_acc": s["curve"][-1]["acc"], f"{k}_steps": float(s["steps"])}
+        return one_side(p, out, sides)
     # the budget is the comparison: evaluations past it (a calibration a little off) are not counted
     rows = [{"impl": k, **r} for k, s in sides.items() for r in in_budget(s["curve"], budget_s)]
     if not all(any(r["impl"] == k for r in rows) for k in sides):
@@ -297,6 +296,21 @@ def quality_budget(
         result.update({f"{k}_glue_avg": t["average"] for k, t in tables.items()})
     write_text(out / "report.md", report(p, result, tables))
     write_text(out / "result.json", json.dumps({"params": p, "result": result, "glue": tables}, indent=1, default=str))
+    return result
+
+
+def one_side(p: dict[str, Any], out: Path, sides: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """A call that has one side's record: its final accuracy, and (with glue_dir) its GLUE table. The GPU plan
+    trains each side in a lease of its own and fine-tunes its model where the model came back to, so each GLUE
+    table is finished (and its results reused by the suite's resume) before the other side exists."""
+    from bertforge.finetune.suite import FeatureCache
+
+    if not sides:
+        raise UserError(f"quality_budget: no side trained here and no side.json under {out}/ours or {out}/hf")
+    k, s = next(iter(sides.items()))
+    result = {f"{k}_final_acc": s["curve"][-1]["acc"], f"{k}_steps": float(s["steps"])}
+    if p["glue_dir"]:
+        result[f"{k}_glue_avg"] = _glue(p, s["model_dir"], out / f"glue_{k}", FeatureCache())["average"]
     return result
 
 
