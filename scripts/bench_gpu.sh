@@ -9,7 +9,7 @@
 #             than MARGIN seconds (default 150: about the longest single entry) are left
 # EARLIER_DIR OUT_DIR of an earlier call, copied back: its reports' finished entries are kept (`bertforge bench
 #             --resume`) and only the rest is measured; its curves are restored
-# STEP        tests, accept, profile, levers, long, loop, data, curve (default: these, in this order) or a spec name;
+# STEP        tests, accept, profile, levers, loop, data, curve (default: these, in this order), long, or a spec name;
 #             SPEC:A,B runs only the spec's entries whose names contain A or B (`bench --only`)
 #   tests    the CUDA tests: compiled step, CUDA graphs, compiled LAMB, FP8, step parts, pinned loaders, varlen
 #            (attention dropout in the kernel, the segmented layout)
@@ -19,7 +19,8 @@
 #            step's parts (forward, backward, clip, optimizer, between) into the log
 #   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, the segmented layout,
 #            compiled LAMB, CUDA graphs) and the entries they are compared with
-#   long     benchmarks/modernbert_long_gpu.yml   issue 22: ModernBERT-base tokens/s at 8,192 and 1,024
+#   long     benchmarks/modernbert_long_gpu.yml   issue 22: ModernBERT-base tokens/s at 8,192 and 1,024 (measured
+#            2026-11-26: benchmarks/reports/h100-2026-11-26; not in the default steps)
 #   loop     benchmarks/pretrain_loop_gpu.yml     issue 19: the rest of it (`bertforge pretrain` itself, vs HF)
 #   data     books+Wikipedia phase-1 shards (`data prepare --config books_wiki`) from the corpus's .xz samples
 #            in $CORPUS (default .carry/corpus, else ../shared/corpus); skipped when the shards exist
@@ -41,7 +42,7 @@ seconds=${2:?$usage}
 earlier=${3:-}
 shift $(($# < 3 ? $# : 3))
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests accept profile levers long loop data curve)
+[ ${#steps[@]} -eq 0 ] && steps=(tests accept profile levers loop data curve)
 margin=${MARGIN:-150}
 end=$((SECONDS + seconds))
 corpus=${CORPUS:-$([ -d .carry/corpus ] && echo .carry/corpus || echo ../shared/corpus)}
