@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,15 @@ def test_a_call_with_one_sides_record_runs_glue_on_that_side_alone(tmp_path, mon
     assert not (out / "report.md").exists()  # no comparison without the other side
     with pytest.raises(UserError, match="no side.json under"):
         quality.quality_budget(str(tmp_path / "empty"), "d", "e", "v", budget_s=20, sides=[], glue_dir="glue")
+
+
+def test_glue_fine_tunes_on_glue_device_when_given(monkeypatch):
+    """GPU-trained sides fine-tuned on the CPU: the report keeps the training device, GLUE runs on glue_device."""
+    from bertforge.finetune import suite
+
+    seen = []
+    monkeypatch.setattr(suite, "run_suite", lambda opts, log, cache: seen.append(opts.overrides[0]) or {})
+    p = {**quality.DEFAULTS, "glue_dir": "glue", "device": "cuda"}
+    quality._glue(p, "m", Path("o"), None)
+    quality._glue({**p, "glue_device": "cpu"}, "m", Path("o"), None)
+    assert seen == ["train.device=cuda", "train.device=cpu"]

@@ -214,6 +214,7 @@ DEFAULTS: dict[str, Any] = {
     "glue_max_train_examples": 0,
     "glue_epochs": None,
     "glue_overrides": [],
+    "glue_device": None,  # where GLUE fine-tunes, when not where the sides trained (`device`, which the report names)
 }
 
 
@@ -229,7 +230,7 @@ def _glue(p: dict[str, Any], model_dir: str, out: Path, cache) -> dict[str, Any]
         tasks=list(p["glue_tasks"]),
         max_train_examples=p["glue_max_train_examples"],
         epochs=p["glue_epochs"],
-        overrides=[f"train.device={p['device']}", "train.tensorboard=false", *p["glue_overrides"]],
+        overrides=[f"train.device={p['glue_device'] or p['device']}", "train.tensorboard=false", *p["glue_overrides"]],
     )
     return run_suite(opts, log=lambda s: None, cache=cache)
 
@@ -274,7 +275,7 @@ def quality_budget(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sides = run_sides(p, out)
-    if len(sides) < 2:  # the other side runs in a call of its own (a 10-minute GPU lease per side)
+    if len(sides) < 2:  # the other side runs in a call of its own (one GPU lease per side)
         return one_side(p, out, sides)
     # the budget is the comparison: evaluations past it (a calibration a little off) are not counted
     rows = [{"impl": k, **r} for k, s in sides.items() for r in in_budget(s["curve"], budget_s)]
