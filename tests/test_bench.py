@@ -230,7 +230,11 @@ def test_every_shipped_spec_loads_and_its_calls_take_their_params(path):
             from bertforge.config import load_config
 
             bound.apply_defaults()
-            args = {k: v for k, v in bound.arguments.items() if k not in ("warmup_steps", "timeout_s", "curve")}
+            args = {
+                k: v
+                for k, v in bound.arguments.items()
+                if k not in ("warmup_steps", "timeout_s", "curve", "cold_compile")
+            }
             load_config("pretrain", *loop_config("/tmp/out", **args))
 
 

@@ -12,7 +12,14 @@ from bertforge.runtime.step import TrainStep, train_step
 pytestmark = pytest.mark.gpu
 
 
-def _steps(compile: bool | str = False, use_fp8: bool = False, n: int = 4, optim_compile: bool = False) -> list[float]:
+def _steps(
+    compile: bool | str = False,
+    use_fp8: bool = False,
+    n: int = 4,
+    optim_compile: bool = False,
+    scope: str = "model",
+    accum: int = 1,
+) -> list[float]:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     d = torch.device("cuda")
@@ -24,8 +31,9 @@ def _steps(compile: bool | str = False, use_fp8: bool = False, n: int = 4, optim
 
         assert fp8.fp8_usable(d) and fp8.convert(model) > 0
     opt = build_optimizer(model, "lamb", 1e-3, 0.01, (0.9, 0.999), 1e-6, "cuda", compile=optim_compile)
-    step = TrainStep.build(model, opt, d, "bf16", 1.0, compile)
-    return [train_step(step, [b], 1).loss.item() for b in random_batches(32, 128, 20, 30522, n=n)]
+    step = TrainStep.build(model, opt, d, "bf16", 1.0, compile, compile_scope=scope)
+    batches = random_batches(32, 128, 20, 30522, n=n)
+    return [train_step(step, batches[i : i + accum], accum).loss.item() for i in range(0, n, accum)]
 
 
 def test_compiled_step_tracks_eager():
@@ -36,6 +44,21 @@ def test_compiled_step_tracks_eager():
 def test_cuda_graphs_step_tracks_eager():
     """train.cuda_graphs: the compiled step replayed from CUDA graphs ("reduce-overhead")."""
     eager, graphs = _steps(n=6), _steps(compile="reduce-overhead", n=6)
+    assert all(abs(a - b) < 0.02 * a for a, b in zip(eager, graphs)), (eager, graphs)
+
+
+def test_layer_by_layer_cuda_graphs_track_eager():
+    """train.compile_scope=layers with train.cuda_graphs: each layer's compiled graph replayed from CUDA graphs,
+    the embeddings, heads and loss eager between them."""
+    eager, graphs = _steps(n=6), _steps(compile="reduce-overhead", n=6, scope="layers")
+    assert all(abs(a - b) < 0.02 * a for a, b in zip(eager, graphs)), (eager, graphs)
+
+
+@pytest.mark.parametrize("scope", ["model", "layers"])
+def test_accumulation_under_cuda_graphs_tracks_eager(scope):
+    """Three micro-batches per update replayed from CUDA graphs: every micro-batch's gradient counts (the first
+    one's leaves the graphs' pool before the next replay, runtime.step._grads_out_of_the_graph_pool)."""
+    eager, graphs = _steps(n=12, accum=3), _steps(compile="reduce-overhead", n=12, accum=3, scope=scope)
     assert all(abs(a - b) < 0.02 * a for a, b in zip(eager, graphs)), (eager, graphs)
 
 

@@ -322,6 +322,18 @@ def test_the_cpu_fast_paths_in_the_loop_track_eager_and_resume_exactly(shards, t
     assert all(torch.equal(a[k], b[k]) for k in a) and _losses(split) == compiled
 
 
+def test_the_loop_compiles_layer_by_layer_with_eager_losses(shards, tmp_path):
+    """train.compile_scope=layers in `bertforge pretrain` (CPU, fp32, no dropout): each encoder layer compiled
+    on its own, the loss of every step within 1e-4 relative of the eager loop's, and the checkpoint's keys
+    those of an eager run (the layers are compiled in place)."""
+    run_pretrain(_cfg(shards, tmp_path / "eager"))
+    run_pretrain(_cfg(shards, tmp_path / "layers", **{"train.compile": True, "train.compile_scope": "layers"}))
+    eager, layers = _losses(tmp_path / "eager"), _losses(tmp_path / "layers")
+    assert sorted(layers) == [1, 2, 3, 4, 5, 6]
+    assert all(abs(layers[s] - eager[s]) <= 1e-4 * eager[s] for s in eager), (eager, layers)
+    assert _weights(tmp_path / "layers").keys() == _weights(tmp_path / "eager").keys()
+
+
 def test_evaluation_in_the_segmented_layout_scores_as_unpadded(shards, flash_stand_in):
     """A run whose batches carry segment bounds evaluates held-out batches with them too (a compiled model
     keeps the layout it was compiled for); the scores equal the unpadded layout's. A per-segment reference

@@ -100,9 +100,12 @@ def loop(
     extra: list[str] | None = None,
     seed: int = 12345,
     curve: str | None = None,
+    cold_compile: bool = False,
 ) -> dict[str, float]:
     """Run `bertforge pretrain --config pretrain_<preset>_<128|512>` for `steps` updates and summarise;
-    `curve`: also copy the run's metrics.jsonl there (loss curves of fast paths against eager)."""
+    `curve`: also copy the run's metrics.jsonl there (loss curves of fast paths against eager); `cold_compile`:
+    the child compiles with empty inductor and Triton caches of its own, so first_step_s is a first run's
+    (otherwise entries that compile the same graphs share the user's caches)."""
     with tempfile.TemporaryDirectory(prefix="bertforge-loop-") as out:
         config, sets = loop_config(
             out, preset, seq_len, max_pred, pack, histogram, micro_batch, accum, steps, log_every, precision, device,
@@ -118,7 +121,10 @@ def loop(
             *(x for s in sets for x in ("--set", s)),
         ]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ))
+        env = dict(os.environ)
+        if cold_compile:
+            env |= {"TORCHINDUCTOR_CACHE_DIR": f"{out}/inductor", "TRITON_CACHE_DIR": f"{out}/triton"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         wall = time.perf_counter() - t0
         if proc.returncode:
             raise RuntimeError(f"bertforge pretrain failed ({proc.returncode}): {proc.stderr[-3000:]}")

@@ -449,8 +449,16 @@ def build_step(s: Session) -> TrainStep:
         s.model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, s.device.type, o.compile
     )
     wrapper = D.wrap_ddp(s.model, s.device, s.info) if s.info.distributed else None
+    t = s.cfg.train
     return TrainStep.build(
-        s.model, optimizer, s.device, s.precision, o.max_grad_norm, compile_mode(s.cfg.train), ddp=wrapper
+        s.model,
+        optimizer,
+        s.device,
+        s.precision,
+        o.max_grad_norm,
+        compile_mode(t),
+        wrapper,
+        compile_scope=t.compile_scope,
     )
 
 

@@ -13,7 +13,9 @@ a non-finite one skips it (DESIGN §6) — the scaler lowers its scale either wa
 
 `compile=True` compiles the forward and loss with torch.compile; AOTAutograd compiles the backward from the same
 graph, so the whole forward-loss-backward is compiled. Static shapes (packed rows, a fixed number of masked
-slots) give one graph; "reduce-overhead" adds CUDA graphs.
+slots) give one graph; "reduce-overhead" adds CUDA graphs. `compile_scope="layers"` compiles each encoder layer
+instead (regional compilation, `compile_model`): the same graph serves every layer, so compiling costs about one
+layer's trace rather than the whole stack's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, cast
 import torch
 
 from bertforge import device as dev
+from bertforge.model.bert import ENCODER_LAYERS
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime.profile import StepTimeline
 
@@ -49,6 +52,9 @@ class TrainStep:
     """The DDP wrapper whose `no_sync` skips the all-reduce on early micro-batches (any other module: not
     distributed, nothing to skip)."""
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    graphed: bool = False
+    """The compiled step replays from CUDA graphs ("reduce-overhead"): its backward writes gradients into the graphs'
+    memory pool, which the next micro-batch's replay overwrites (`_grads_out_of_the_graph_pool`)."""
     timeline: StepTimeline | None = None
     """Set while `--profile` records: the step marks the end of each of its parts on it (runtime.profile)."""
 
@@ -63,14 +69,15 @@ class TrainStep:
         compile: bool | str = False,
         ddp: torch.nn.Module | None = None,
         scaler: Any = None,
+        compile_scope: str = "model",
     ) -> TrainStep:
         """`model` is the bare module; `ddp` its DistributedDataParallel wrapper when distributed; `compile` True
-        (inductor's default mode) or a torch.compile mode name ("reduce-overhead", "max-autotune"); `scaler` a
-        (restored) grad scaler, else a fresh one for the precision."""
+        (inductor's default mode) or a torch.compile mode name ("reduce-overhead", "max-autotune") and
+        `compile_scope` what it compiles (`compile_model`); `scaler` a (restored) grad scaler, else a fresh one
+        for the precision."""
         runner = ddp if ddp is not None else model
         if compile:
-            # compiling a Module returns an OptimizedModule, a Module; torch types it as a plain callable
-            runner = cast(torch.nn.Module, torch.compile(runner, mode=compile if isinstance(compile, str) else None))
+            runner = compile_model(runner, model, compile, compile_scope)
         scaler = scaler if scaler is not None else dev.grad_scaler(device, precision)
         return cls(
             runner,
@@ -81,7 +88,25 @@ class TrainStep:
             max_grad_norm,
             sync_owner=ddp if ddp is not None else model,
             params=[p for p in model.parameters() if p.requires_grad],
+            graphed=compile == "reduce-overhead",
         )
+
+
+def compile_model(runner: torch.nn.Module, model: torch.nn.Module, mode: bool | str, scope: str) -> torch.nn.Module:
+    """What a compiled step calls. scope "model": `runner` (the model or its DDP wrapper) compiled whole, one
+    graph from the embeddings to the loss. scope "layers": each encoder layer of `model` compiled in place
+    (`Module.compile`, so parameter names and the state dict stay the model's) and `runner` returned as it is;
+    Dynamo lifts a layer's parameters to graph inputs, so one graph serves every layer of a kind and compiling
+    BERT-large costs about what compiling one layer does, while embeddings, heads and loss run eager between."""
+    named = mode if isinstance(mode, str) else None  # True: inductor's default mode
+    if scope == "model":
+        # compiling a Module returns an OptimizedModule, a Module; torch types it as a plain callable
+        return cast(torch.nn.Module, torch.compile(runner, mode=named))
+    if scope != "layers":
+        raise ValueError(f"compile scope {scope!r}: use model or layers")
+    for layer in (m for m in model.modules() if isinstance(m, ENCODER_LAYERS)):
+        layer.compile(mode=named)
+    return runner
 
 
 @dataclass
@@ -139,6 +164,8 @@ def train_step(
             observe(out, batch)
         mark("forward")
         step.scaler.scale(loss).backward()
+        if step.graphed and i == 0 and accum > 1:
+            _grads_out_of_the_graph_pool(step.params)
         mark("backward")
     step.scaler.unscale_(step.optimizer)
     max_norm = step.max_grad_norm if step.max_grad_norm > 0 else math.inf
@@ -152,6 +179,17 @@ def train_step(
     if finite:
         mark("optimizer")
     return StepResult(finite, grad_norm.detach(), loss_sum)
+
+
+def _grads_out_of_the_graph_pool(params: list[torch.nn.Parameter]) -> None:
+    """Accumulation under CUDA graphs. The first micro-batch's backward hands its gradients to `.grad` as they
+    are, in the graphs' memory pool; the next micro-batch's replay writes its own gradients over that memory
+    (torch.compile's cudagraph trees then raise, or older releases silently keep one micro-batch's gradients).
+    Copied out once per update, `.grad` is memory of its own, into which the later micro-batches add in place as
+    in eager mode. One copy of the gradients per update; params without a gradient keep None, as in eager."""
+    for p in params:
+        if p.grad is not None:
+            p.grad = p.grad.clone()
 
 
 def _unmarked(part: str) -> None:

@@ -449,6 +449,7 @@ def setup(
         compile_mode(t),
         ddp=ddp.wrap_ddp(model, device, info) if info.distributed else None,
         scaler=scaler,
+        compile_scope=t.compile_scope,
     )
     loader = build_loader(cfg, shards, info, vocab_size)
     loader.pin_memory = device.type == "cuda"  # page-locked batches: the non-blocking copies overlap the step
