@@ -11,10 +11,12 @@
 #             --resume`) and only the rest is measured; its curves are restored
 # STEP        tests, accept, profile, levers, loop, data, curve (default: these, in this order), long, or a spec name;
 #             SPEC:A,B runs only the spec's entries whose names contain A or B (`bench --only`)
-#   tests    the CUDA tests: compiled step, CUDA graphs, compiled LAMB, FP8, step parts, pinned loaders, varlen
-#            (attention dropout in the kernel, the segmented layout)
+#   tests    the CUDA tests: compiled step, CUDA graphs (with accumulation, and layer by layer), compiled LAMB,
+#            FP8, step parts, pinned loaders, varlen (attention dropout in the kernel, the segmented layout)
 #   accept   issue 19's acceptance first: the HF baselines, the loop vs its isolated step, and the fastest
-#            candidates for each target (CUDA graphs, compiled around the varlen kernel, packed phase 2)
+#            candidates for each target (CUDA graphs, compiled around the varlen kernel, packed phase 2; CUDA
+#            graphs with 4 micro-batches per update, and compiled layer by layer: lever_cudagraphs_accum4_*,
+#            lever_cudagraphs_layers_*)
 #   profile  `bertforge pretrain --profile 10`, BERT-large and -base phase 1 compiled: top kernels and the
 #            step's parts (forward, backward, clip, optimizer, between) into the log
 #   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, the segmented layout,
