@@ -39,9 +39,19 @@ def _run(args: list[str], timeout: int = 300) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-def test_two_processes_equal_one(shards, tmp_path, overrides):
+LAYERS = {"train.compile": True, "train.compile_scope": "layers"}
+
+
+@pytest.mark.parametrize(
+    ("two_extra", "atol"),
+    [({}, 1e-6), pytest.param(LAYERS, 2e-5, marks=pytest.mark.slow)],
+    ids=["eager", "compiled-layer-by-layer"],
+)
+def test_two_processes_equal_one(shards, tmp_path, overrides, two_extra, atol):
+    """Two gloo ranks (eager, or each encoder layer compiled inside DDP) train the weights of one eager process."""
     one, two = tmp_path / "one", tmp_path / "two"
-    sets = lambda out: [f"--set={s}" for s in overrides(shards, out, **{"train.max_steps": 4, "train.save_every": 2})]  # noqa: E731
+    base = {"train.max_steps": 4, "train.save_every": 2}
+    sets = lambda out, **x: [f"--set={s}" for s in overrides(shards, out, **base, **x)]  # noqa: E731
     _run([sys.executable, "-m", "bertforge", "pretrain", *sets(one)])
     _run(
         [
@@ -57,12 +67,12 @@ def test_two_processes_equal_one(shards, tmp_path, overrides):
             "-m",
             "bertforge",
             "pretrain",
-            *sets(two),
+            *sets(two, **two_extra),
         ]
     )
     a, b = _weights(one), _weights(two)
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=k)
     # the runs trained: step 2 -> 4 changed the weights (the last poly step has lr 0, step 3 does not)
     step2 = load_file(str(ckpt.list_checkpoints(one / "checkpoints")[0].model_dir / "model.safetensors"))
     assert any(not torch.equal(step2[k], a[k]) for k in a)
