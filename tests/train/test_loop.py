@@ -322,12 +322,14 @@ def test_the_cpu_fast_paths_in_the_loop_track_eager_and_resume_exactly(shards, t
     assert all(torch.equal(a[k], b[k]) for k in a) and _losses(split) == compiled
 
 
-def test_the_loop_compiles_layer_by_layer_with_eager_losses(shards, tmp_path):
+def test_the_loop_compiles_layer_by_layer_with_eager_losses(shards, tmp_path, capsys):
     """train.compile_scope=layers in `bertforge pretrain` (CPU, fp32, no dropout): each encoder layer compiled
     on its own, the loss of every step within 1e-4 relative of the eager loop's, and the checkpoint's keys
-    those of an eager run (the layers are compiled in place)."""
+    those of an eager run (the layers are compiled in place); the wait for the compile is announced."""
     run_pretrain(_cfg(shards, tmp_path / "eager"))
+    assert "compiling the step" not in capsys.readouterr().out
     run_pretrain(_cfg(shards, tmp_path / "layers", **{"train.compile": True, "train.compile_scope": "layers"}))
+    assert "compiling the step (layers scope): the first step waits for it\n" in capsys.readouterr().out
     eager, layers = _losses(tmp_path / "eager"), _losses(tmp_path / "layers")
     assert sorted(layers) == [1, 2, 3, 4, 5, 6]
     assert all(abs(layers[s] - eager[s]) <= 1e-4 * eager[s] for s in eager), (eager, layers)
