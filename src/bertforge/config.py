@@ -246,6 +246,14 @@ def compile_mode(train: TrainConfig) -> bool | str:
     return "reduce-overhead" if train.cuda_graphs else train.compile
 
 
+def compile_notice(train: TrainConfig) -> str | None:
+    """The line a compiled run prints before its first step, which waits a minute or more for the compile."""
+    if not train.compile:
+        return None
+    hint = " (train.compile_scope=layers compiles 3-6x sooner)" if train.compile_scope == "model" else ""
+    return f"compiling the step ({train.compile_scope} scope): the first step waits for it{hint}"
+
+
 def compile_keys(train: TrainConfig, optim: OptimConfig) -> list[str]:
     """The settings of a run that ask for torch.compile (checked for its toolchain before the run starts)."""
     asked = (

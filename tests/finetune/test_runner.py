@@ -677,3 +677,19 @@ def test_optim_compile_fine_tunes_with_the_compiled_lamb_and_checks_its_toolchai
             _cfg(tmp_path / "b", "optim.name=lamb", "optim.compile=true"),
         )
     assert not (tmp_path / "b").exists()
+
+
+def test_fine_tuning_compiles_layer_by_layer_and_saves_the_models_own_keys(tiny_model, tmp_path):
+    """train.compile_scope=layers reaches fine-tuning: the run says it compiles, trains, and its best model
+    has the keys of the checkpoint it started from (the layers were compiled in place)."""
+    from safetensors.torch import load_file
+
+    train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
+    lines: list[str] = []
+    cfg = _cfg(tmp_path / "a", "train.compile=true", "train.compile_scope=layers")
+    s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lines.append)
+    assert "compiling the step (layers scope): the first step waits for it" in lines
+    assert s["skipped_steps"] == 0
+    best = load_file(str(tmp_path / "a" / "best" / "model.safetensors"))
+    encoder = {k for k in load_file(str(tiny_model / "model.safetensors")) if ".layer." in k}
+    assert len(encoder) == 32 and encoder <= {k.removeprefix("bert.") for k in best}  # saved as bert.encoder...

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from bertforge import device as dev
-from bertforge.config import compile_keys, compile_mode
+from bertforge.config import compile_keys, compile_mode, compile_notice
 from bertforge.data.vocab import load_tokenizer
 from bertforge.errors import UserError
 from bertforge.finetune import glue, squad
@@ -539,6 +539,8 @@ def train(s: Session, preempt: Preemption | None = None) -> None:
     total = min(total, t.max_steps) if t.max_steps else total
     s.logger.total_steps = total
     step_fn = build_step(s)
+    if notice := compile_notice(t):
+        s.say(notice)
     rng = np.random.default_rng(t.seed)  # same order on every rank: each takes its slice of each batch
     lengths = np.array([len(x) for x in data.input_ids])
     pad_to = s.cfg.task.max_seq_len if t.pad_to_max_length else 0

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bertforge import device as dev
-from bertforge.config import compile_keys, compile_mode
+from bertforge.config import compile_keys, compile_mode, compile_notice
 from bertforge.data import synthetic
 from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides, with_segments
 from bertforge.data.shardset import ShardSet
@@ -613,9 +613,8 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
     run.t_start = time.perf_counter()
     run.step.model.train()
     stop_at = min(t.max_steps, t.stop_after_steps) if t.stop_after_steps > 0 else t.max_steps
-    if t.compile and state.step < stop_at:  # otherwise a minute or more passes without a line
-        hint = " (train.compile_scope=layers compiles 3-6x sooner)" if t.compile_scope == "model" else ""
-        _log0(run.info, f"compiling the step ({t.compile_scope} scope): the first step waits for it{hint}")
+    if (notice := compile_notice(t)) and state.step < stop_at:
+        _log0(run.info, notice)
     while state.step < stop_at:
         lr = lr_at(state.step + 1, o.lr, t.max_steps, o.warmup, o.schedule, o.decay, o.decay_shape)
         set_lr(run.step.optimizer, lr)
