@@ -168,6 +168,12 @@ class TrainConfig:
             raise ConfigError("train.cuda_graphs captures the compiled step: set train.compile=true as well")
         if self.cuda_graphs and self.device not in ("auto", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"train.cuda_graphs needs a CUDA device; train.device is {self.device!r}")
+        if self.cuda_graphs and self.attention == "varlen":
+            raise ConfigError(
+                "train.cuda_graphs replays the same shapes every step, and train.attention=varlen unpads each batch "
+                "to its own token count (a graph recorded per count): use train.attention=auto (fixed-shape "
+                "segments on the same flash kernel) or sdpa"
+            )
         if self.fp8 and self.attention == "varlen":
             raise ConfigError(
                 "train.fp8's matmuls need token counts in multiples of 16, and unpadding (train.attention=varlen) "

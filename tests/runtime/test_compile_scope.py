@@ -92,3 +92,10 @@ def test_compile_scope_is_checked_with_the_config():
         TrainConfig(compile=True, compile_scope="layer").validate()
     with pytest.raises(ConfigError, match="train.compile_scope=layers says what train.compile compiles"):
         TrainConfig(compile_scope="layers").validate()
+
+
+def test_cuda_graphs_refuse_the_unpadded_layout():
+    """varlen unpads each batch to its own token count: CUDA graphs would record a graph per count."""
+    TrainConfig(compile=True, cuda_graphs=True, attention="auto").validate()
+    with pytest.raises(ConfigError, match="train.cuda_graphs replays the same shapes every step, and train.attention"):
+        TrainConfig(compile=True, cuda_graphs=True, attention="varlen").validate()
