@@ -123,3 +123,10 @@ def test_every_old_key_has_a_home():
     keys = {k for k, _, _ in C.describe(FinetuneConfig)}
     for old, new in C.renamed_keys(FinetuneConfig).items():
         assert set(new) <= keys, old
+
+
+def test_cuda_graphs_in_fine_tuning_need_one_padded_length():
+    graphs = ["train.compile=true", "train.cuda_graphs=true"]
+    with pytest.raises(ConfigError, match="pads each batch to its own longest row .* train.pad_to_max_length=true"):
+        C.load_config("finetune", None, graphs)
+    assert C.load_config("finetune", None, [*graphs, "train.pad_to_max_length=true"]).train.cuda_graphs

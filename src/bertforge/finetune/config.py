@@ -83,6 +83,11 @@ class FinetuneTrainConfig(TrainConfig):
             raise ConfigError(f"train.epochs must be > 0, got {self.epochs}")
         if self.eval_batch_size < 1:
             raise ConfigError(f"train.eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        if self.cuda_graphs and not self.pad_to_max_length:
+            raise ConfigError(
+                "train.cuda_graphs replays one shape, and fine-tuning pads each batch to its own longest row (a graph "
+                "recorded per length): set train.pad_to_max_length=true as well"
+            )
         if self.fp8:
             raise ConfigError(
                 "train.fp8 is a pre-training option (it has not been validated for fine-tuning); set train.fp8=false"
