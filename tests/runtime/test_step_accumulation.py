@@ -72,3 +72,19 @@ def test_without_the_copy_the_pool_keeps_only_the_last_micro_batch():
     """What the graphed step guards against, seen on the same stand-in."""
     wrong = updated_weight(graphed=False, accum=3)
     assert not torch.allclose(wrong, reference_weight(3), atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("mode", "graphed"),
+    [
+        (False, False),
+        (True, False),
+        ("reduce-overhead", True),
+        ("max-autotune", True),
+        ("max-autotune-no-cudagraphs", False),
+    ],
+)
+def test_the_modes_that_replay_cuda_graphs_are_the_graphed_steps(mode, graphed):
+    model = PoolModel()
+    step = TrainStep.build(model, torch.optim.SGD(model.parameters(), lr=1.0), torch.device("cpu"), "fp32", 0.0, mode)
+    assert step.graphed is graphed

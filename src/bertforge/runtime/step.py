@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
+from torch._inductor import list_mode_options
 
 from bertforge import device as dev
 from bertforge.model.bert import ENCODER_LAYERS
@@ -53,8 +54,9 @@ class TrainStep:
     distributed, nothing to skip)."""
     params: list[torch.nn.Parameter] = field(default_factory=list)
     graphed: bool = False
-    """The compiled step replays from CUDA graphs ("reduce-overhead"): its backward writes gradients into the graphs'
-    memory pool, which the next micro-batch's replay overwrites (`_grads_out_of_the_graph_pool`)."""
+    """The compiled step replays from CUDA graphs (modes "reduce-overhead" and "max-autotune"): its backward writes
+    gradients into the graphs' memory pool, which the next micro-batch's replay overwrites
+    (`_grads_out_of_the_graph_pool`)."""
     timeline: StepTimeline | None = None
     """Set while `--profile` records: the step marks the end of each of its parts on it (runtime.profile)."""
 
@@ -88,7 +90,7 @@ class TrainStep:
             max_grad_norm,
             sync_owner=ddp if ddp is not None else model,
             params=[p for p in model.parameters() if p.requires_grad],
-            graphed=compile == "reduce-overhead",
+            graphed=isinstance(compile, str) and bool(list_mode_options(compile).get("triton.cudagraphs")),
         )
 
 
