@@ -84,6 +84,9 @@ def test_the_model_scope_compiles_the_runner_whole():
     assert runner is not model and isinstance(runner, torch.nn.Module)
     with pytest.raises(ValueError, match="compile scope 'blocks'"):
         compile_model(model, model, True, "blocks")
+    plain = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="Linear has no encoder layers to compile; use compile scope model"):
+        compile_model(plain, plain, True, "layers")
 
 
 def test_compile_scope_is_checked_with_the_config():

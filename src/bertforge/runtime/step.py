@@ -106,7 +106,10 @@ def compile_model(runner: torch.nn.Module, model: torch.nn.Module, mode: bool | 
         return cast(torch.nn.Module, torch.compile(runner, mode=named))
     if scope != "layers":
         raise ValueError(f"compile scope {scope!r}: use model or layers")
-    for layer in (m for m in model.modules() if isinstance(m, ENCODER_LAYERS)):
+    layers = [m for m in model.modules() if isinstance(m, ENCODER_LAYERS)]
+    if not layers:  # nothing would be compiled, silently
+        raise ValueError(f"{type(model).__name__} has no encoder layers to compile; use compile scope model")
+    for layer in layers:
         layer.compile(mode=named)
     return runner
 
