@@ -215,7 +215,16 @@ ARCHITECTURES: dict[str, Architecture] = {
     "modernbert": Architecture(ModernEmbeddings, PreNormLayer, final_norm=True, rotary=True),
 }
 ENCODER_LAYERS = (EncoderLayer, PreNormLayer)
-"""The layer classes, for code that wraps every layer (activation checkpointing)."""
+"""The layer classes, for code applied to every layer (activation checkpointing, regional compilation)."""
+
+
+def encoder_layers(model: nn.Module, purpose: str) -> list[nn.Module]:
+    """The encoder layers of `model`, in order, for something applied to each from outside (activation
+    checkpointing, regional compilation); none is an error naming `purpose` rather than a silent no-op."""
+    layers: list[nn.Module] = [m for m in model.modules() if isinstance(m, ENCODER_LAYERS)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no encoder layers to {purpose}")
+    return layers
 
 
 class Encoder(nn.Module):

@@ -19,7 +19,7 @@ import types
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bertforge.model.bert import ENCODER_LAYERS
+from bertforge.model.bert import encoder_layers
 
 
 def _checkpointed_forward(layer: nn.Module, *args, **kwargs):
@@ -37,11 +37,8 @@ def is_checkpointed(layer: nn.Module) -> bool:
 def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
     """Checkpoint every encoder layer of `model` (in place; returned for chaining). Applying it twice is the
     same as once; a model without encoder layers is an error rather than a silent no-op."""
-    layers = [m for m in model.modules() if isinstance(m, ENCODER_LAYERS)]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no encoder layers to checkpoint")
-    for layer in layers:
+    for layer in encoder_layers(model, "checkpoint"):
         if not is_checkpointed(layer):
             # an instance attribute shadows the class's forward for this layer only (is_checkpointed tests it)
-            layer.forward = types.MethodType(_checkpointed_forward, layer)  # type: ignore[method-assign]
+            layer.forward = types.MethodType(_checkpointed_forward, layer)
     return model

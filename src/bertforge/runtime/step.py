@@ -29,7 +29,7 @@ import torch
 from torch._inductor import list_mode_options
 
 from bertforge import device as dev
-from bertforge.model.bert import ENCODER_LAYERS
+from bertforge.model.bert import encoder_layers
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime.profile import StepTimeline
 
@@ -106,10 +106,7 @@ def compile_model(runner: torch.nn.Module, model: torch.nn.Module, mode: bool | 
         return cast(torch.nn.Module, torch.compile(runner, mode=named))
     if scope != "layers":
         raise ValueError(f"compile scope {scope!r}: use model or layers")
-    layers = [m for m in model.modules() if isinstance(m, ENCODER_LAYERS)]
-    if not layers:  # nothing would be compiled, silently
-        raise ValueError(f"{type(model).__name__} has no encoder layers to compile; use compile scope model")
-    for layer in layers:
+    for layer in encoder_layers(model, "compile; use compile scope model"):
         layer.compile(mode=named)
     return runner
 
