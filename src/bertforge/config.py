@@ -127,6 +127,10 @@ class TrainConfig:
     gradients are copied out of the graphs' memory pool once per update (the next replay would overwrite them)."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass to save activation memory."""
+    low_precision_layernorm: bool = False
+    """Under bf16 or fp16 autocast, run every LayerNorm in that dtype rather than autocast's fp32, so the residual
+    stream and its gradients stay 16-bit: less memory traffic per step (MosaicBERT's recipe; runtime.norms). The
+    statistics still accumulate in fp32 inside the kernel. No effect in fp32."""
     fp8: bool = False
     """FP8 matmuls (torchao float8, tensorwise scaling) in the encoder's linears, on GPUs with FP8 tensor cores
     (H100, Ada); train.precision stays bf16 for the rest. Off by default (see docs/pretraining.md)."""
@@ -178,6 +182,11 @@ class TrainConfig:
             raise ConfigError(
                 "train.fp8's matmuls need token counts in multiples of 16, and unpadding (train.attention=varlen) "
                 "gives any count: use train.attention=auto (FP8 steps then keep every token) or sdpa"
+            )
+        if self.low_precision_layernorm and self.precision == "fp32":
+            raise ConfigError(
+                "train.low_precision_layernorm runs LayerNorm in the autocast dtype, and train.precision=fp32 has "
+                "none: use train.precision=bf16 (or auto on a GPU), or set train.low_precision_layernorm=false"
             )
         if self.fp8 and self.precision not in ("auto", "bf16"):
             raise ConfigError(f"train.fp8 runs the other ops in bf16; set train.precision=bf16, not {self.precision}")

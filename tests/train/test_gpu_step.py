@@ -19,6 +19,7 @@ def _steps(
     optim_compile: bool = False,
     scope: str = "model",
     accum: int = 1,
+    low_precision_norms: bool = False,
 ) -> list[float]:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
@@ -26,6 +27,10 @@ def _steps(
     torch.manual_seed(0)
     cfg = BertConfig.from_preset("mini", vocab_size=30528, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = build_model(cfg, "pretraining", attention="sdpa").to(d)
+    if low_precision_norms:
+        from bertforge.runtime.norms import apply_low_precision_layernorm
+
+        apply_low_precision_layernorm(model)
     if use_fp8:
         from bertforge.runtime import fp8
 
@@ -60,6 +65,18 @@ def test_accumulation_under_cuda_graphs_tracks_eager(scope):
     one's leaves the graphs' pool before the next replay, runtime.step._grads_out_of_the_graph_pool)."""
     eager, graphs = _steps(n=12, accum=3), _steps(compile="reduce-overhead", n=12, accum=3, scope=scope)
     assert all(abs(a - b) < 0.02 * a for a, b in zip(eager, graphs)), (eager, graphs)
+
+
+def test_low_precision_layernorm_tracks_fp32_norms_eager_and_under_cuda_graphs():
+    """train.low_precision_layernorm on CUDA, where autocast would run LayerNorm in fp32: bf16 norms and residual
+    stream, eager and compiled with CUDA graphs, against the fp32-norm eager step."""
+    reference = _steps(n=6)
+    eager, graphs = (
+        _steps(n=6, low_precision_norms=True),
+        _steps(compile="reduce-overhead", n=6, low_precision_norms=True),
+    )
+    assert all(abs(a - b) < 0.02 * a for a, b in zip(reference, eager)), (reference, eager)
+    assert all(abs(a - b) < 0.02 * a for a, b in zip(reference, graphs)), (reference, graphs)
 
 
 def test_compiled_lamb_tracks_the_foreach_update_on_cuda():

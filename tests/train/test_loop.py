@@ -336,6 +336,18 @@ def test_the_loop_compiles_layer_by_layer_with_eager_losses(shards, tmp_path, ca
     assert _weights(tmp_path / "layers").keys() == _weights(tmp_path / "eager").keys()
 
 
+def test_the_loop_runs_layernorm_in_bf16_with_the_losses_of_fp32_norms(shards, tmp_path):
+    """train.low_precision_layernorm in `bertforge pretrain` (CPU, bf16 autocast): the losses of the same bf16
+    run with autocast's fp32 LayerNorms within bf16 rounding, and the checkpoint's keys unchanged."""
+    bf16 = {"train.precision": "bf16", "train.save_every": 6}
+    run_pretrain(_cfg(shards, tmp_path / "fp32_norms", **bf16))
+    run_pretrain(_cfg(shards, tmp_path / "bf16_norms", **bf16, **{"train.low_precision_layernorm": True}))
+    ref, low = _losses(tmp_path / "fp32_norms"), _losses(tmp_path / "bf16_norms")
+    assert sorted(low) == [1, 2, 3, 4, 5, 6]
+    assert all(abs(low[s] - ref[s]) <= 0.02 * ref[s] for s in ref), (ref, low)
+    assert _weights(tmp_path / "bf16_norms").keys() == _weights(tmp_path / "fp32_norms").keys()
+
+
 def test_evaluation_in_the_segmented_layout_scores_as_unpadded(shards, flash_stand_in):
     """A run whose batches carry segment bounds evaluates held-out batches with them too (a compiled model
     keeps the layout it was compiled for); the scores equal the unpadded layout's. A per-segment reference

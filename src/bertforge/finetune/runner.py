@@ -46,7 +46,7 @@ from bertforge.model.attention import segment_bounds
 from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as D
-from bertforge.runtime.activation import apply_activation_checkpointing
+from bertforge.runtime.choices import apply_model_choices
 from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger
 from bertforge.runtime.preempt import Preemption
@@ -430,8 +430,7 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
         else glue_task_data(run, cfg.task, tokenizer)
     )
     model, mconfig = load_model(run.model, task.head, task.num_labels, t.attention, cfg.model.overrides())
-    if t.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    apply_model_choices(model, t)
     model.to(device)
     logger = MetricsLogger(out_dir, is_main=info.is_main, tensorboard=t.tensorboard, stream=_Printer(say))
     say(

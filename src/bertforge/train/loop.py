@@ -42,7 +42,7 @@ from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime import fp8
-from bertforge.runtime.activation import apply_activation_checkpointing
+from bertforge.runtime.choices import apply_model_choices
 from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger, read_jsonl
 from bertforge.runtime.preempt import Preemption
@@ -334,8 +334,7 @@ def build_model_for(cfg: PretrainConfig, bert_cfg) -> tuple[torch.nn.Module, Any
         from bertforge.model import build_model
 
         model = build_model(bert_cfg, cfg.train.task, attention=cfg.train.attention)
-    if cfg.train.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    apply_model_choices(model, cfg.train)
     return model, bert_cfg
 
 
