@@ -13,10 +13,11 @@
 #             SPEC:A,B runs only the spec's entries whose names contain A or B (`bench --only`)
 #   tests    the CUDA tests: compiled step, CUDA graphs (with accumulation, and layer by layer), bf16 LayerNorm, compiled LAMB,
 #            FP8, step parts, pinned loaders, varlen (attention dropout in the kernel, the segmented layout)
-#   accept   issue 19's acceptance first: the HF baselines, the loop vs its isolated step, and the fastest
-#            candidates for each target (CUDA graphs, compiled around the varlen kernel, packed phase 2, and
-#            with the LayerNorms in bf16: lever_lpln_*; CUDA graphs with 4 micro-batches per update, and compiled
-#            layer by layer: lever_cudagraphs_accum4_*, lever_cudagraphs_layers_*)
+#   accept   issue 19's acceptance first: the HF baselines, the loop vs its isolated step, the best candidate
+#            for each target (best_*: every lever on, packed, LayerNorms in bf16, 4 micro-batches per update),
+#            then the levers they combine (CUDA graphs, compiled around the varlen kernel, packed phase 2; CUDA
+#            graphs with 4 micro-batches per update, and compiled layer by layer: lever_cudagraphs_accum4_*,
+#            lever_cudagraphs_layers_*)
 #   profile  `bertforge pretrain --profile 10`, BERT-large and -base phase 1 compiled: top kernels and the
 #            step's parts (forward, backward, clip, optimizer, between) into the log
 #   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, the segmented layout,
@@ -112,7 +113,7 @@ for step in "${steps[@]}"; do
       timeout "$(left)" python3 -m pytest -q -m "not slow" -p no:cacheprovider \
         tests/train/test_gpu_step.py tests/model/test_gpu_varlen.py tests/train/test_fp8.py
       ;;
-    accept) bench pretrain_loop_gpu:_hf,p1_large128_loop,p1_large128_iso,p2_large512_packed_loop,lever_cudagraphs,lever_lpln_cudagraphs_varlen,lever_compiled_varlen ;;
+    accept) bench pretrain_loop_gpu:_hf,p1_large128_loop,p1_large128_iso,p2_large512_packed_loop,best_,lever_cudagraphs,lever_compiled_varlen ;;
     levers) bench pretrain_loop_gpu:p2_large512_packed_loop,lever_sdpa,lever_unpadded,_varlen_,lever_compiled_large128,lever_compiled_base128,optcompiled,cudagraphs,lever_lpln,lever_compiled_nodrop ;;
     loop) bench pretrain_loop_gpu ;;
     long) bench modernbert_long_gpu ;;
