@@ -110,7 +110,10 @@ for step in "${steps[@]}"; do
   echo "== $(date -Is) $step ($(left)s to start benchmarks in)"
   case $step in
     tests)
-      timeout "$(left)" python3 -m pytest -q -m "not slow" -p no:cacheprovider \
+      # one line per test as it ends (-v), so a run cut at its limit still says which passed; at most
+      # TESTS_LIMIT seconds (default 300), so that the lease always measures something
+      limit=$(left); [ "$limit" -gt "${TESTS_LIMIT:-300}" ] && limit=${TESTS_LIMIT:-300}
+      timeout "$limit" python3 -m pytest -v -m "not slow" -p no:cacheprovider \
         tests/train/test_gpu_step.py tests/model/test_gpu_varlen.py tests/train/test_fp8.py
       ;;
     accept) bench pretrain_loop_gpu:_hf,p1_large128_loop,p1_large128_iso,p2_large512_packed_loop,best_,lever_cudagraphs,lever_compiled_varlen ;;
