@@ -8,12 +8,15 @@ tenth request malformed, raw HTTP mistakes (bad JSON, wrong `inputs` type), and 
 
 from __future__ import annotations
 
+import gzip
+import http.client
 import json
 import random
 import shutil
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -241,15 +244,15 @@ def test_load_300_requests_every_tenth_malformed(server):
     _load(server, 300)
 
 
-# Triton's HTTP front end (C++, before any model code) answers a body it cannot parse with 500 and one line;
-# bertforge cannot change that status (docs/serving.md). What the front end parses but does not fit is 400.
+# Bodies Triton's HTTP front end (C++) would answer with 500 get 400 from the guard in front of it (serve.guard);
+# what Triton parses but does not fit is its own 400.
 @pytest.mark.parametrize(
     "body, status, words",
     [
-        (b'{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}', 500, ["json"]),
-        (b"not json at all", 500, ["json"]),
-        (b'{"inputs": "text"}', 500, ["inputs"]),
-        (b'{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [7]}]}', 500, ["string"]),
+        (b'{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}', 400, ["json"]),
+        (b"not json at all", 400, ["json"]),
+        (b'{"inputs": "text"}', 400, ["inputs"]),
+        (b'{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [7]}]}', 400, ["strings"]),
         (b'{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES"}]}', 400, ["data"]),
         (b'{"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["a"]}]}', 400, ["text"]),
         (b'{"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [""]}]}', 400, ["empty"]),
@@ -271,6 +274,49 @@ def test_client_mistakes_get_one_line(server, body, status, words):
     assert got == status, answer
     _assert_one_line(answer, words)
     assert _infer_json(server["base"], "classify", _text("still serving"))[0] == 200
+
+
+def _raw(base: str, body: bytes | Iterator[bytes], headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """POST to classify's infer as it comes, chunked when `body` is an iterator: status, headers, body."""
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request(
+            "POST", "/v2/models/classify/infer", body=body, headers=headers, encode_chunked=not isinstance(body, bytes)
+        )
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def test_large_and_form_encoded_bodies_are_refused_and_the_server_stays_up(server):
+    """A 5 MB body with curl's default form content type killed Triton 2.51's HTTP front end (SIGSEGV, the
+    whole server gone); the guard refuses it, and any body over --max-body-bytes (1 MiB), sent whole, chunked
+    or gzipped small, before Triton reads a byte."""
+    five_mb = json.dumps({"inputs": [_text("x" * 5_000_000)]}).encode()
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    assert _raw(server["base"], five_mb, form)[0] == 413
+    status, _, body = _raw(server["base"], json.dumps({"inputs": [_text("hi")]}).encode(), form)
+    assert status == 415 and "application/json" in json.loads(body)["error"]
+    chunks = (b"x" * 65536 for _ in range(40))  # 2.6 MB, no Content-Length
+    assert _raw(server["base"], chunks, {"Content-Type": "application/json"})[0] == 413
+    bomb = gzip.compress(b'{"inputs": [' + b" " * 50_000_000 + b"]}")  # 50 KB that inflates to 50 MB
+    gz = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    status, _, body = _raw(server["base"], bomb, gz)
+    assert status == 413 and "--max-body-bytes" in json.loads(body)["error"]
+    assert server["proc"].poll() is None
+    assert _infer_json(server["base"], "classify", _text("still serving"))[0] == 200
+
+
+def test_compressed_requests_and_answers_pass_as_the_client_asks(server):
+    """gzip in (inflated on the way), and an answer compressed only for a client that accepts it."""
+    good = json.dumps({"inputs": [_text("a short sentence")]}).encode()
+    plain = {"Content-Type": "application/json"}
+    status, headers, body = _raw(server["base"], gzip.compress(good), {**plain, "Content-Encoding": "gzip"})
+    assert status == 200 and "content-encoding" not in headers and json.loads(body)["outputs"]
+    status, headers, body = _raw(server["base"], good, {**plain, "Accept-Encoding": "gzip"})
+    assert status == 200 and headers.get("content-encoding") == "gzip" and json.loads(gzip.decompress(body))["outputs"]
 
 
 def test_fill_mask_served_from_a_pretrained_checkpoint(server):

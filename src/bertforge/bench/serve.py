@@ -18,7 +18,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -96,12 +95,6 @@ def make_inputs(task: str, seq_len: int, rows: int = 16) -> list[dict[str, str]]
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def perf_analyzer_path() -> tuple[str, dict[str, str]]:
     """The perf_analyzer binary of tritonclient[http,grpc] and the environment it needs (libcudart on the path)."""
     exe = shutil.which("perf_analyzer") or str(Path(sys.executable).parent / "perf_analyzer")
@@ -124,10 +117,11 @@ class _Server:
     """`bertforge serve` in a subprocess, ready when its model is."""
 
     def __init__(self, task: str, model_dir: Path, args: list[str], timeout_s: float = 180):
+        from bertforge.serve.server import free_port
         from bertforge.serve.tasks import TASKS
 
         self.name = TASKS[task].model_name
-        self.http, self.grpc, self.metrics = _free_port(), _free_port(), _free_port()
+        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
         self.token = secrets.token_urlsafe(16)
         cmd = [
             sys.executable,
