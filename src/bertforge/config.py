@@ -27,6 +27,7 @@ from typing import Any, TypeGuard
 import yaml
 
 from bertforge.errors import ConfigError
+from bertforge.runtime.io import write_text
 
 # kind -> "module:Class"; the module is imported only when that kind is loaded.
 CONFIG_KINDS: dict[str, str] = {
@@ -329,6 +330,8 @@ def find_preset(kind: str, name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"config {name_or_path} is a directory; pass a YAML file or a preset name")
     preset = PRESET_DIR / kind / f"{name_or_path}.yaml"
     if preset.is_file():
         return preset
@@ -526,6 +529,12 @@ def load_config(kind: str, name_or_path: str | Path | None = None, overrides: Se
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"config file {path} is not text (byte {e.start} is not UTF-8); pass a YAML file or a preset name"
+            ) from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read ({e.strerror}); check its permissions") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
     try:
@@ -540,7 +549,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))  # atomic (DESIGN §6)
 
 
 def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:

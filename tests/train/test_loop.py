@@ -60,10 +60,26 @@ def test_exact_resume(shards, tmp_path):
     assert drop(sa) == drop(sb)
 
 
-def test_phase2_from_phase1(shards, tmp_path):
+def test_an_eval_dir_without_rows_is_refused_before_anything_is_written(shards, tmp_path):
+    """A corpus too small to hold any document out gives eval shards of 0 rows; evaluating them would log loss 0
+    and accuracy 0 as if measured."""
+    import h5py
+
+    empty = tmp_path / "eval"
+    empty.mkdir()
+    with h5py.File(shards / "shard_0.hdf5") as src, h5py.File(empty / "eval_0.hdf5", "w") as h:
+        for k, v in src.items():
+            h.create_dataset(k, shape=(0, *v.shape[1:]), dtype=v.dtype)
+    with pytest.raises(UserError, match=f"data.eval_dir {empty} holds no rows"):
+        run_pretrain(_cfg(shards, tmp_path / "run", **{"data.eval_dir": str(empty)}))
+    assert not (tmp_path / "run").exists()
+
+
+def test_phase2_from_phase1(shards, tmp_path, capsys):
     p1 = tmp_path / "p1"
     run_pretrain(_cfg(shards, p1, **{"train.max_steps": 3}))
     p2 = tmp_path / "p2"
+    capsys.readouterr()
     summary = run_pretrain(
         _cfg(
             shards,
@@ -72,6 +88,8 @@ def test_phase2_from_phase1(shards, tmp_path):
         )
     )
     assert summary["phase"] == 2 and summary["step"] == 4 and summary["global_step"] == 7
+    out = capsys.readouterr().out  # progress counts run-wide steps over the run-wide total, never past 100%
+    assert "step 4/7 (57%)" in out and "step 7/7 (100%)" in out, out
     names = [c.path.name for c in ckpt.list_checkpoints(p2 / "checkpoints")]
     assert names == ["step_00000005", "step_00000007"]  # run-wide steps: phase-1's 3 + phase-2's
     state = ckpt.latest_checkpoint(p2 / "checkpoints").load_state()

@@ -35,6 +35,7 @@ import numpy as np
 
 from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
+from bertforge.data.documents import quiet_worker
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.errors import UserError
 from bertforge.runtime.io import output_dir, raise_if_disk_full, remove_stale, temp_name
@@ -379,18 +380,6 @@ def _docs_signature(files: Sequence[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def _check_writable(d: Path) -> Path:
-    """`d`, refused now (not after the corpus is read) when it cannot be written."""
-    probe = d / f".write-test-{os.getpid()}"
-    try:
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        probe.unlink(missing_ok=True)
-        raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another --out") from None
-    return d
-
-
 def run_shards(
     docs: str | os.PathLike | Sequence[str | os.PathLike],
     vocab: str | os.PathLike,
@@ -407,9 +396,11 @@ def run_shards(
     out = Path(out_dir)
     ev = Path(eval_dir) if eval_dir is not None and params.eval_fraction > 0 else None
     with contextlib.ExitStack() as stack:
-        for d in (out, ev) if ev is not None else (out,):
-            _check_writable(stack.enter_context(output_dir(d)))  # removed again if this run fails
-            remove_stale(d)  # the spill and half-written shards of a killed run
+        for d, option in ((out, "--out"), (ev, "--eval-out")):
+            if d is not None:
+                # refused now, not after the corpus is read, when it cannot be written; removed again if this run fails
+                stack.enter_context(output_dir(d, option))
+                remove_stale(d)  # the spill and half-written shards of a killed run
         return _run_shards(files, vocab, out, ev, params, lowercase, log)
 
 
@@ -564,6 +555,7 @@ def _spill(files: Sequence[Path], jobs: Sequence[Job], params: ShardsConfig) -> 
 def _worker_init() -> None:
     # one worker per core: tokenizers' own thread pool would only oversubscribe the cores
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    quiet_worker()
 
 
 def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[str, Any]]:

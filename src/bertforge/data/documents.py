@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from bertforge.data import sources, wikiclean, wikidump
 from bertforge.errors import UserError
-from bertforge.runtime.io import commit, raise_if_disk_full, remove_stale, temp_name, write_text
+from bertforge.runtime.io import commit, raise_if_disk_full, remove_stale, temp_name, writable_dir, write_text
 
 if TYPE_CHECKING:
     import ctypes
@@ -128,6 +129,14 @@ def _map_batch(fn: Callable, batch: list) -> list:
     return [fn(x) for x in batch]
 
 
+def quiet_worker() -> None:
+    """Pool initializer: the main process alone handles Ctrl-C and SIGTERM (it stops the pool and says so in one
+    line); a worker ignores SIGINT (a terminal sends it to the whole process group) and dies silently on SIGTERM
+    (what Pool.terminate sends), rather than inheriting the main process's handlers and printing a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def bounded_map(fn: Callable, items: Iterable, workers: int) -> Iterator:
     """fn(item) for each item, in order, in `workers` processes with at most two items per worker in flight:
     the input is read only as fast as the workers keep up, so memory stays flat however long the input is."""
@@ -136,7 +145,7 @@ def bounded_map(fn: Callable, items: Iterable, workers: int) -> Iterator:
         return
     import multiprocessing as mp  # here: a one-process run (a small dump) does not pay for importing it
 
-    pool = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn").Pool(workers)
+    pool = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn").Pool(workers, quiet_worker)
     try:
         pending: collections.deque = collections.deque()
         for item in items:
@@ -186,14 +195,7 @@ class ShardWriter:
 
 
 def _output_dir(out_dir: str | os.PathLike, num_shards: int) -> Path:
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"output directory {out} is not writable ({e.strerror}); choose another --out") from e
+    out = writable_dir(out_dir, "--out")
     if num_shards < 1:
         raise UserError(f"--shards must be at least 1, got {num_shards}")
     remove_stale(out)  # temporary shards of a killed run (hidden, but `*.txt` globs would see them)

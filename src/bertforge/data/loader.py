@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from bertforge.data.instances import REPLACE_SPLIT, check_replace_split, mask_tokens, num_to_predict
-from bertforge.data.shardset import LOADER_MASKED, ROW_KEYS, ShardSet, reading
+from bertforge.data.shardset import LOADER_MASKED, ROW_KEYS, ShardSet, check_values, reading
 from bertforge.errors import UserError
 
 
@@ -162,7 +162,11 @@ class LaneReader:
                 if shard not in self._files:
                     self._files[shard] = h5py.File(self.spec.files[shard], "r")
                 h = self._files[shard]
-                self._cache = (key, {k: h[k][a:b] for k in h if k in ROW_KEYS})
+                arrays = {k: h[k][a:b] for k in h if k in ROW_KEYS}
+            # every row, once per chunk read (vectorised: small next to the decompression): a bad id or position
+            # is one line naming the shard and row, not an index error in the model
+            check_values(self.spec.files[shard], arrays, a, self.spec.vocab_size)
+            self._cache = (key, arrays)
         return self._cache[1]
 
     def rows(self, start: int, n: int) -> list[tuple[dict[str, np.ndarray], int, tuple[int, int, int]]]:
@@ -452,6 +456,7 @@ def _spec(
 ) -> LoaderSpec:
     """The loader's plain-data spec over `shards`; a dynamic shard's masking parameters fill in the defaults,
     `masking` (from `masking_overrides`) overrides them."""
+    shards.check_datasets()  # a missing dataset: one line now, not a KeyError in collate
     return LoaderSpec(
         files=[str(f) for f in shards.files],
         rows=[i.rows for i in shards.infos],

@@ -74,6 +74,22 @@ PACKED_KEYS = tuple(PACKED_SCHEMA)
 ROW_KEYS = frozenset(NVIDIA_SCHEMA) | frozenset(DYNAMIC_SCHEMA) | frozenset(PACKED_SCHEMA)
 """Every per-row dataset a reader may need."""
 
+OPTIONAL_KEYS = frozenset({"word_starts"})
+"""Schema datasets a shard may lack (word_starts: only written with whole-word masking)."""
+WIDTH_GROUPS = (
+    ("input_ids", "input_mask", "segment_ids", "positions", "word_starts"),
+    ("masked_lm_positions", "masked_lm_ids"),
+    ("next_sentence_positions", "next_sentence_labels", "next_sentence_weights"),
+)
+"""Datasets whose rows must be equally wide: one value per token, per masked-LM slot, per packed sequence."""
+ID_KEYS = ("input_ids", "masked_lm_ids")
+"""Datasets of token ids: each must be below the model's vocab size (an embedding or loss index)."""
+POSITION_KEYS = ("masked_lm_positions", "next_sentence_positions", "positions")
+"""Datasets of positions within a row: each must be below seq_len (a gather index in the heads)."""
+SAMPLE_ROWS = 1024
+"""Rows of the first shard whose values `check_model` reads at start-up; the loader checks every row it reads."""
+REMAKE = "re-create it with the command that wrote it (`bertforge data shards` or `bertforge pack`) or delete the file"
+
 KIND_ATTR = "bertforge_kind"
 SHARD_SUFFIXES = (".hdf5", ".h5", ".hdf")
 MANIFEST = "manifest.json"
@@ -160,10 +176,7 @@ def reading(path: str | os.PathLike) -> Iterator[None]:
     try:
         yield
     except (OSError, KeyError, RuntimeError) as e:
-        raise UserError(
-            f"shard {path} is corrupt or truncated ({first_line(e)}); re-create it with the command that wrote it "
-            "(`bertforge data shards` or `bertforge pack`) or delete the file"
-        ) from None
+        raise UserError(f"shard {path} is corrupt or truncated ({first_line(e)}); {REMAKE}") from None
 
 
 @dataclass(frozen=True)
@@ -177,29 +190,73 @@ class ShardInfo:
     max_pred: int
     """Width of masked_lm_positions (0 for dynamic shards: see ShardSet.max_pred)."""
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    datasets: frozenset[str] = frozenset()
+    """Names of its datasets."""
 
     @classmethod
     def read(cls, path: Path) -> ShardInfo:
         import h5py
 
         with open_shard(path) as h, reading(path):
-            keys = set(h.keys())
             attrs = {k: _plain(v) for k, v in h.attrs.items()}
-            if "input_ids" not in keys or "input_mask" not in keys:
-                raise UserError(
-                    f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
-                    "shard: move it out of the directory"
-                )
-            rows, seq_len = h["input_ids"].shape
-            max_pred = h["masked_lm_positions"].shape[1] if "masked_lm_positions" in keys else 0
-            sizes = {k: h[k].shape[0] for k in keys if isinstance(h[k], h5py.Dataset) and h[k].shape}
-        bad = {k: n for k, n in sizes.items() if n != rows}
+            shapes = {k: h[k].shape for k in h if isinstance(h[k], h5py.Dataset)}
+        kind = kind_of(set(shapes), attrs)
+        check_widths(path, shapes, kind)
+        rows, seq_len = shapes["input_ids"]
+        max_pred = shapes["masked_lm_positions"][1] if "masked_lm_positions" in shapes else 0
+        bad = {k: s[0] for k, s in shapes.items() if s and s[0] != rows}
         if bad:
             raise UserError(
                 f"shard {path} is truncated or inconsistent: input_ids has {rows} rows but {bad}; "
                 "re-create it or delete the file"
             )
-        return cls(path, int(rows), kind_of(keys, attrs), int(seq_len), int(max_pred), attrs)
+        return cls(path, int(rows), kind, int(seq_len), int(max_pred), attrs, frozenset(shapes))
+
+
+def check_widths(path: Path, shapes: Mapping[str, tuple[int, ...]], kind: str) -> None:
+    """A UserError naming the shard and dataset unless its per-token and per-slot datasets are [rows, width] and
+    those of a row agree in width (a narrower input_mask would otherwise fail deep in the model at the first
+    step). Which datasets must be there is the reader's to say (`ShardSet.check_datasets`)."""
+    if "input_ids" not in shapes or "input_mask" not in shapes:
+        raise UserError(
+            f"shard {path} has no input_ids/input_mask dataset; it is not a pre-training "
+            "shard: move it out of the directory"
+        )
+    for k in (*WIDTH_GROUPS[0], *WIDTH_GROUPS[1]):  # per token, per slot: [rows, width] in every kind
+        if k in shapes and len(shapes[k]) != 2:
+            raise UserError(f"shard {path}: {k} has shape {shapes[k]}, expected [rows, width]; {REMAKE}")
+    for group in WIDTH_GROUPS:
+        present = [k for k in group if k in shapes and len(shapes[k]) == 2]
+        for k in present[1:]:
+            if shapes[k][1] != shapes[present[0]][1]:
+                raise UserError(
+                    f"shard {path}: {k} is {shapes[k][1]} wide but {present[0]} is {shapes[present[0]][1]} "
+                    f"(their rows must match); {REMAKE}"
+                )
+
+
+def check_values(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], first_row: int, vocab_size: int) -> None:
+    """A UserError naming the shard and row (`first_row` is the row of arrays[...][0]) when a token id is not below
+    `vocab_size` or a position is outside its row: an index error deep in the model otherwise."""
+    seq_len = arrays["input_ids"].shape[1]
+    limits = [(k, vocab_size) for k in ID_KEYS] + [(k, seq_len) for k in POSITION_KEYS]
+    for key, limit in limits:
+        a = arrays.get(key)
+        if a is None or not a.size:
+            continue
+        bad = np.flatnonzero(((a < 0) | (a >= limit)).reshape(len(a), -1).any(axis=1))
+        if not len(bad):
+            continue
+        row = np.atleast_1d(a[int(bad[0])])
+        value = int(row[(row < 0) | (row >= limit)][0])
+        if key in ID_KEYS:
+            fix = (
+                f"the model's vocab has {limit} tokens: set model.vocab_size above the shards' largest id "
+                "(or data.vocab to the vocab they were built with), or rebuild the shards with this vocab"
+            )
+        else:
+            fix = f"rows are {seq_len} tokens long: the shard is corrupt; {REMAKE}"
+        raise UserError(f"shard {path} row {first_row + int(bad[0])}: {key} holds {value}; {fix}")
 
 
 _CACHE: dict[str, tuple[tuple, ShardSet]] = {}
@@ -363,7 +420,7 @@ class ShardSet:
 
     def check_model(self, vocab_size: int, max_position_embeddings: int) -> None:
         """A UserError when the model cannot take these shards: rows longer than its position table, or token
-        ids (the vocab the manifest records) beyond its vocab."""
+        ids (the vocab the manifest records, and a sample of the rows: `check_rows`) beyond its vocab."""
         if self.seq_len > max_position_embeddings:
             raise UserError(
                 f"shards in {self.directory} have seq_len {self.seq_len} but the model has "
@@ -376,6 +433,25 @@ class ShardSet:
                 f"model's vocab_size is {vocab_size}; set model.vocab_size to at least "
                 f"{self.vocab_size} (or leave it unset to take it from the data)"
             )
+        self.check_rows(vocab_size)
+
+    def check_datasets(self) -> None:
+        """A UserError naming the first shard that lacks a dataset the loader reads for this kind (metadata only:
+        at start-up, not a KeyError at the first step)."""
+        for info in self.infos:
+            missing = [k for k in SCHEMAS[self.kind] if k not in info.datasets and k not in OPTIONAL_KEYS]
+            if missing:
+                raise UserError(
+                    f"shard {info.path} has no {'/'.join(missing)} dataset, which {self.kind} shards need; {REMAKE}"
+                )
+
+    def check_rows(self, vocab_size: int) -> None:
+        """`check_values` on the first SAMPLE_ROWS rows of the first shard: ids beyond the model's vocab (shards
+        without a manifest record none) or positions outside the row fail at start-up, at a bounded cost."""
+        first = self.infos[0].path
+        with open_shard(first) as h, reading(first):
+            arrays = {k: h[k][:SAMPLE_ROWS] for k in (*ID_KEYS, *POSITION_KEYS) if k in h}
+        check_values(first, arrays, 0, vocab_size)
 
     def check_compatible(self, other: ShardSet) -> None:
         """A UserError unless `other` (e.g. the eval shards) fits the model trained on these: same seq_len, same

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -217,8 +219,30 @@ def _modern_to_hf(config: BertConfig) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------- reading
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors of a checkpoint file: safetensors, or a torch pickle read with weights_only (never runs code)."""
+UNTRUSTED_FIX = "use a model.safetensors file, or a checkpoint written by bertforge"
+"""What to do with a torch pickle that weights_only refuses (the generic advice of `read_state_dict`)."""
+
+
+def load_weights_only(path: Path, fix: str, map_location: str | torch.device = "cpu") -> Any:
+    """`torch.load(path, weights_only=True)`: tensors and plain data, never code (DESIGN §6). A file it refuses or
+    cannot read is one line naming it, with `fix` (what to do in the caller's context) — never torch's advice
+    to retry with weights_only=False, which would run whatever an untrusted file holds."""
+    try:
+        with warnings.catch_warnings():  # a foreign pickle's protocol: noise before the one line below
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:  # the weights-only unpickler's refusal (a global it may not call), or garbage
+        raise UserError(
+            f"{path} could not be loaded safely: it is not a plain tensor checkpoint (it is damaged, or holds "
+            f"Python objects that loading would have to execute); {fix}"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - a truncated zip, a read error: the file's problem, said in one line
+        raise UserError(f"{path} cannot be read ({type(e).__name__}: {first_line(e)}); {fix}") from None
+
+
+def read_state_dict(path: Path, fix: str = UNTRUSTED_FIX) -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint file: safetensors, or a torch pickle read with weights_only (never runs code);
+    `fix`: the advice of the one-line error when a pickle is refused."""
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -229,10 +253,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                 f"{path}: not a readable safetensors file ({first_line(e)}); it is truncated or damaged: restore or "
                 "re-create it (an earlier checkpoint, or `bertforge export` again)"
             ) from None
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure is the file's problem
-        raise UserError(f"{path}: cannot be read as a weights-only torch checkpoint ({e})") from None
+    obj = load_weights_only(path, fix)
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # NVIDIA DeepLearningExamples .pt
         obj = obj["model"]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):

@@ -69,10 +69,13 @@ def _fsync_one(path: Path) -> None:
 
 
 def _discard(tmp: Path) -> None:
-    if tmp.is_dir():
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        tmp.unlink(missing_ok=True)
+    # best effort: on a read-only or missing parent there is nothing to remove, and an error here would hide the
+    # one that brought us here (unlink raises EROFS/ENOTDIR there even with missing_ok)
+    with contextlib.suppress(OSError):
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -80,14 +83,15 @@ def _atomic(path: str | os.PathLike, directory: bool) -> Iterator[Path]:
     final = Path(path)
     tmp = temp_name(final)
     _discard(tmp)
-    if directory:
-        tmp.mkdir(parents=True)
     try:
+        if directory:
+            tmp.mkdir(parents=True)
         yield tmp
         commit(tmp, final)
     except BaseException as e:
         _discard(tmp)
         raise_if_disk_full(e, final)
+        raise_if_unwritable(e, tmp, final)
         raise
 
 
@@ -108,12 +112,26 @@ def raise_if_disk_full(e: BaseException, path: str | os.PathLike) -> None:
     """A full disk while writing `path` (its temporary file already removed) as one line: nothing earlier was
     touched, since every output is renamed into place only when complete."""
     if is_disk_full(e):
-        # name what the user asked for, not a temporary name (atomic writers nest: a model dir in a checkpoint)
-        shown = Path(*(re.sub(r"^\.(.+)\.(?:tmp|old)-\d+(.*)$", r"\1\2", part) for part in Path(path).parts))
         raise UserError(
-            f"no space left on the device while writing {shown}; it was not written (earlier outputs are "
+            f"no space left on the device while writing {_shown(path)}; it was not written (earlier outputs are "
             "intact): free some space and run the command again"
         ) from None
+
+
+def raise_if_unwritable(e: BaseException, tmp: Path, path: str | os.PathLike) -> None:
+    """An OSError of creating `tmp` or a file in it (read-only filesystem, no permission, a file where a
+    directory should be) as one line naming `path`; errors of reading inputs inside the block stay as they are."""
+    name = getattr(e, "filename", None)
+    if isinstance(e, OSError) and name is not None and (Path(name) == tmp or tmp in Path(name).parents):
+        raise UserError(
+            f"cannot write {_shown(path)} ({e.strerror}); it was not written (earlier outputs are intact): "
+            "choose a writable path"
+        ) from None
+
+
+def _shown(path: str | os.PathLike) -> Path:
+    # what the user asked for, not a temporary name (atomic writers nest: a model dir in a checkpoint)
+    return Path(*(re.sub(r"^\.(.+)\.(?:tmp|old)-\d+(.*)$", r"\1\2", part) for part in Path(path).parts))
 
 
 def atomic_path(path: str | os.PathLike) -> contextlib.AbstractContextManager[Path]:
@@ -163,19 +181,43 @@ def remove_stale(directory: str | os.PathLike) -> int:
     return n
 
 
+def writable_dir(path: str | os.PathLike, option: str = "path") -> Path:
+    """Create directory `path` (and missing parents) and write a probe file in it, now, before any work: a path
+    that is a file, on a read-only filesystem or without permission is one line naming it and `option` (the
+    setting or flag that chose it)."""
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise UserError(f"output directory {d} is a file, not a directory; choose another {option}")
+    probe = d / f".write-test-{os.getpid()}"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        _discard(probe)
+        raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another {option}") from None
+    return d
+
+
+def writable_file(path: str | os.PathLike, option: str) -> Path:
+    """`path` can be written as a file (`writable_dir` of its directory, and not a directory itself); a one-line
+    UserError naming `option` otherwise."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{option} {p} is a directory; name a file")
+    writable_dir(p.parent, option)
+    return p
+
+
 @contextlib.contextmanager
-def output_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Create `path` (and missing parents) for a command's outputs; if the command fails, the directories it
-    created are removed again when they hold nothing (a failed run leaves no empty output directory behind),
-    and a full disk is one line naming `path`."""
+def output_dir(path: str | os.PathLike, option: str = "path") -> Iterator[Path]:
+    """Create `path` (and missing parents) for a command's outputs, refused now when it cannot be written
+    (`writable_dir`); if the command fails, the directories it created are removed again when they hold nothing
+    (a failed run leaves no empty output directory behind), and a full disk is one line naming `path`."""
     d = Path(path)
     created = [p for p in (d, *d.parents) if not p.exists()]
     try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"output directory {d} is not writable ({e.strerror}); choose another path") from None
-    try:
-        yield d
+        yield writable_dir(d, option)
     except BaseException as e:
         for p in created:  # deepest first
             if p.is_dir():

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from bertforge.runtime.io import atomic_path, raise_if_disk_full, write_text
+from bertforge.runtime.io import atomic_path, raise_if_disk_full, writable_file, write_text
 from bertforge.runtime.progress import format_duration
 
 # console formatting per key: (label, format function); unknown keys print as `key value`
@@ -131,8 +131,7 @@ class MetricsLogger:
         mode = "a" if resume else "w"
         self._jsonl = open(self.dir / "metrics.jsonl", mode, encoding="utf-8")
         if json_summary:
-            Path(json_summary).parent.mkdir(parents=True, exist_ok=True)
-            self._dll = open(json_summary, mode, encoding="utf-8")
+            self._dll = open(writable_file(json_summary, "--json-summary"), mode, encoding="utf-8")
         if tensorboard:
             with contextlib.suppress(ImportError):
                 from torch.utils.tensorboard import SummaryWriter

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
+from bertforge.model.hf_interop import load_weights_only
 from bertforge.runtime.io import atomic_dir, read_json_object, remove_stale
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -46,20 +47,18 @@ class Checkpoint:
     def model_dir(self) -> Path:
         return self.path / MODEL_DIR
 
-    def meta(self) -> dict[str, Any]:
-        fix = f"delete {self.path} to resume from the previous checkpoint"
-        return read_json_object(self.path / META_FILE, fix, label="checkpoint ")
+    @property
+    def resume_fix(self) -> str:
+        """What to do when this checkpoint of the run cannot be read: --resume then takes the previous one."""
+        return f"delete {self.path} to resume from the previous checkpoint"
 
-    def load_state(self, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-        """The training state, read without executing code (weights_only=True)."""
-        path = self.path / STATE_FILE
-        try:
-            return torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as e:  # noqa: BLE001 - a truncated or foreign file: say which and what to do
-            raise UserError(
-                f"checkpoint {path} cannot be read ({type(e).__name__}: {e}); delete {self.path} "
-                "to resume from the previous checkpoint"
-            ) from None
+    def meta(self) -> dict[str, Any]:
+        return read_json_object(self.path / META_FILE, self.resume_fix, label="checkpoint ")
+
+    def load_state(self, map_location: str | torch.device = "cpu", fix: str | None = None) -> dict[str, Any]:
+        """The training state, read without executing code (weights_only=True); a file that cannot be read is one
+        line with `fix` (default: `resume_fix`)."""
+        return load_weights_only(self.path / STATE_FILE, fix or self.resume_fix, map_location)
 
 
 def list_checkpoints(root: str | Path) -> list[Checkpoint]:

@@ -73,6 +73,7 @@ def pretrain_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bertforge.runtime import distributed
+    from bertforge.runtime.io import writable_dir, writable_file
     from bertforge.runtime.preempt import Preempted
     from bertforge.train.loop import check_output_dir, remove_unstarted, run_pretrain
 
@@ -83,7 +84,10 @@ def pretrain_run(args: argparse.Namespace) -> int:
     check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, info.is_main)
     fresh = not Path(cfg.train.output_dir).exists()
     if info.is_main:
-        Path(cfg.train.output_dir).mkdir(parents=True, exist_ok=True)
+        # every output path now, before the model is built: not a traceback at the first write
+        if args.json_summary:
+            writable_file(args.json_summary, "--json-summary")
+        writable_dir(cfg.train.output_dir, "train.output_dir")
         save_config(cfg, Path(cfg.train.output_dir) / "config.yaml")
     try:
         summary = run_pretrain(

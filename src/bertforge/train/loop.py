@@ -110,10 +110,16 @@ def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
     train_masking = {"mlm_probability": d.mlm_probability, "mask_split": d.mask_split}
     for s, masking in ((shards, train_masking), (held_out, d.eval_masking)):
         if s is not None:
+            s.check_datasets()
             s.check_objective(cfg.train.objective)
             masking_overrides(s, **masking)
     if shards is not None and held_out is not None:
         shards.check_compatible(held_out)
+    if held_out is not None and held_out.rows == 0:  # would score 0 loss and 0 accuracy, as if measured
+        raise UserError(
+            f"data.eval_dir {d.eval_dir} holds no rows (the corpus was too small to hold any out); build it from "
+            "more text, or set data.eval_dir=null"
+        )
     return shards
 
 
@@ -139,8 +145,9 @@ def build_loader(cfg: PretrainConfig, shards: ShardSet | None, info: ddp.DistInf
     )
 
 
-def check_fits(loader, shards: ShardSet | None, bert_cfg) -> None:
-    """Sequence length and token ids against the model, before the first step (a device-side assert later)."""
+def check_fits(loader, shards: ShardSet | None, bert_cfg, eval_dir: str | None = None) -> None:
+    """Sequence length and token ids against the model, before the first step (a device-side assert later); a
+    sample of the eval shards' rows too (their seq_len and vocab were checked against the training shards')."""
     if shards is not None:
         shards.check_model(bert_cfg.vocab_size, bert_cfg.max_position_embeddings)
     elif loader.seq_len > bert_cfg.max_position_embeddings:
@@ -148,6 +155,8 @@ def check_fits(loader, shards: ShardSet | None, bert_cfg) -> None:
             f"data.synthetic_seq_len {loader.seq_len} is longer than model.max_position_embeddings "
             f"{bert_cfg.max_position_embeddings}; lower one or raise the other"
         )
+    if eval_dir:
+        ShardSet.open(eval_dir).check_rows(bert_cfg.vocab_size)
 
 
 def build_bert_config(cfg: PretrainConfig, vocab_size: int):
@@ -382,7 +391,7 @@ def restore(
     """A checkpoint of this run (--resume), else phase 2's init checkpoint, else a fresh state."""
     found = ckpt.latest_checkpoint(ckpt_root) if resume else None
     if found is not None:
-        _load_weights(model, found.model_dir)
+        _load_weights(model, found.model_dir, found.resume_fix)
         saved = found.load_state()
         optimizer.load_state_dict(saved["optimizer"])
         scaler.load_state_dict(saved["scaler"])
@@ -396,8 +405,10 @@ def restore(
         return state, True
     if cfg.train.init_checkpoint:
         src = ckpt.find_checkpoint(cfg.train.init_checkpoint)
-        _load_weights(model, src.model_dir)
-        saved = src.load_state()
+        # not this run's: deleting it would not help, and an untrusted file must never be loaded unsafely
+        fix = "set train.init_checkpoint to a checkpoint written by `bertforge pretrain` from a source you trust"
+        _load_weights(model, src.model_dir, fix)
+        saved = src.load_state(fix=fix)
         optimizer.load_state_dict(saved["optimizer"])
         _reset_optimizer_step(optimizer)
         prev = TrainState(**saved["train_state"])
@@ -454,9 +465,11 @@ def setup(
     loader.pin_memory = device.type == "cuda"  # page-locked batches: the non-blocking copies overlap the step
     packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
     loader.segments = wants_segments(device, t.attention, packed, fixed=bool(compile_mode(t)) or t.fp8)
-    check_fits(loader, shards, bert_cfg)
+    check_fits(loader, shards, bert_cfg, cfg.data.eval_dir)
+    # steps are logged run-wide (a phase 2 goes on from phase 1's count), so the total is too: "step 7040/8601"
+    total = state.phase_offset + t.max_steps
     logger = MetricsLogger(
-        Path(t.output_dir), info.is_main, t.max_steps, json_summary, tensorboard=t.tensorboard, resume=resumed
+        Path(t.output_dir), info.is_main, total, json_summary, tensorboard=t.tensorboard, resume=resumed
     )
     run = Run(
         cfg,
@@ -876,10 +889,10 @@ def _mfu(
     return flops * metrics["seq_per_s"] / (dev.peak_flops(device, precision) * info.world_size)
 
 
-def _load_weights(model: BertForTask, model_dir: Path) -> None:
+def _load_weights(model: BertForTask, model_dir: Path, fix: str) -> None:
     from bertforge.model.hf_interop import _weights_file, load_hf_state_dict, normalise_keys, read_state_dict
 
-    sd = normalise_keys(read_state_dict(_weights_file(Path(model_dir))), model.config.model_type)
+    sd = normalise_keys(read_state_dict(_weights_file(Path(model_dir)), fix), model.config.model_type)
     load_hf_state_dict(model, sd, source=str(model_dir))
 
 

@@ -1,0 +1,60 @@
+"""SIGTERM stops a multi-process `bertforge data shards` as Ctrl-C does: one line, exit 143, no worker
+tracebacks, nothing half-written left (a re-run keeps the finished shards, as after Ctrl-C)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bertforge
+from bertforge.data.vocab import train_wordpiece
+
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "mountain", "forest", "city", "ocean", "valley", "stone", "cloud"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("sigterm")
+    rng = np.random.default_rng(0)
+    docs = d / "docs" / "docs_0.txt"
+    docs.parent.mkdir()
+    sentence = lambda: " ".join(rng.choice(WORDS, rng.integers(4, 20))).capitalize() + "."  # noqa: E731
+    docs.write_text("\n\n".join("\n".join(sentence() for _ in range(6)) for _ in range(3000)) + "\n")
+    train_wordpiece([docs], d / "vocab", vocab_size=60)
+    return docs.parent, d / "vocab" / "tokenizer.json"
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["kill-pid", "kill-group"])
+def test_sigterm_is_one_line_and_quiet_workers(corpus, tmp_path, to_group):
+    docs, vocab = corpus
+    out = tmp_path / "out"
+    argv = ["data", "shards", "--docs", str(docs), "--vocab", str(vocab), "--out", str(out), "--seq-len", "64",
+            "--dupe-factor", "4", "--shards", "4", "--workers", "2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(bertforge.__file__).parents[1])}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "bertforge", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: kill-group reaches the workers too, and only them
+    )
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if "building with 2 worker(s)" in line:  # the pool is up and working
+                break
+        os.killpg(child.pid, signal.SIGTERM) if to_group else child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)  # EOF only when the workers, holding the pipe too, are gone
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 128 + signal.SIGTERM, err
+    assert err.strip() == "bertforge data: interrupted", err
+    assert not out.exists() or not [p.name for p in out.iterdir() if p.name.startswith(".")]
