@@ -289,7 +289,7 @@ def test_score_cli_v2_and_errors(tmp_path, capsys):
             [
                 "score",
                 "--task",
-                "squad",
+                "squad_v2",
                 "--data",
                 str(tmp_path / "d.json"),
                 "--predictions",

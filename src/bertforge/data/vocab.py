@@ -88,7 +88,7 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None, cache
     <mask>). `cache=True` returns one shared tokenizer per file and setting (the shard workers': do not
     modify it).
     """
-    path = _tokenizer_file(Path(path))
+    path = tokenizer_file(Path(path))
     if cache:
         st = path.stat()
         key = (str(path.resolve()), st.st_size, st.st_mtime_ns, lowercase)
@@ -113,7 +113,7 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None, cache
     return tok
 
 
-def _tokenizer_file(path: Path) -> Path:
+def tokenizer_file(path: Path) -> Path:
     """The tokenizer file a path names: itself, or a directory's tokenizer.json, else its vocab.txt."""
     if path.is_dir():
         for name in ("tokenizer.json", "vocab.txt"):

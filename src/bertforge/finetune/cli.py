@@ -209,7 +209,7 @@ def score_run(args: argparse.Namespace) -> int:
     from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
     from bertforge.finetune.squad import read_squad
 
-    _, data = read_squad(args.data, scoring=True)  # checks every field the metric reads
+    _, data = read_squad(args.data, scoring=True, v1=args.task == "squad")  # checks every field the metric reads
     preds = _read_json(args.predictions, "--predictions")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
         raise UserError(f"--predictions {args.predictions}: expected a JSON object of question id -> answer text")

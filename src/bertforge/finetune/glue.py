@@ -10,6 +10,7 @@ mark at the start of a file (MRPC's train/dev files have one) is dropped.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ class TaskSpec:
     """Text fields of the Hugging Face `glue` dataset config of the same name."""
     hf_dev_splits: tuple[str, ...] = ("validation",)
     """Hugging Face split(s) matching dev_files."""
+    score_range: tuple[float, float] = (0.0, 5.0)
+    """Regression: the inclusive range of a label (STS-B's 0-5 similarity scale, Cer et al. 2017)."""
 
     @property
     def is_regression(self) -> bool:
@@ -113,26 +116,33 @@ def read_tsv(path: str | Path, spec: TaskSpec) -> GlueExamples:
             raise UserError(
                 f"{path}:{lineno}: expected at least {need} tab-separated columns for {spec.dir}, found {len(cols)}"
             )
-        raw = cols[spec.label_col].strip()
-        if spec.labels is None:
-            try:
-                labels.append(float(raw))
-            except ValueError:
-                raise UserError(
-                    f"{path}:{lineno}: label {raw!r} is not a number ({spec.dir} is a regression task)"
-                ) from None
-        else:
-            if raw not in spec.labels:
-                raise UserError(
-                    f"{path}:{lineno}: label {raw!r} is not one of {', '.join(spec.labels)} "
-                    f"(is this a test file without labels?)"
-                )
-            labels.append(spec.labels.index(raw))
+        labels.append(parse_label(cols[spec.label_col].strip(), spec, f"{path}:{lineno}"))
         texts.append(tuple(cols[c] for c in spec.text_cols))
     if not texts:
         shape = "only a header" if lines else "empty"
         raise UserError(f"GLUE file {path} has no examples ({shape}); give the task's train.tsv/dev.tsv with rows")
     return GlueExamples(texts, labels, str(path))
+
+
+def parse_label(raw: str, spec: TaskSpec, where: str) -> int | float:
+    """A TSV label: a class id, or a finite score inside `spec.score_range` (a NaN or out-of-range score would
+    train as a skipped non-finite step or a wrong target); else a UserError naming `where` (file:line) and it."""
+    if spec.labels is not None:
+        if raw not in spec.labels:
+            raise UserError(
+                f"{where}: label {raw!r} is not one of {', '.join(spec.labels)} (is this a test file without labels?)"
+            )
+        return spec.labels.index(raw)
+    lo, hi = spec.score_range
+    try:
+        score = float(raw)
+    except ValueError:
+        score = math.nan
+    if not lo <= score <= hi:  # NaN fails every comparison, +-inf the range
+        raise UserError(
+            f"{where}: label {raw!r} is not a number from {lo:g} to {hi:g} ({spec.dir} scores); fix or remove the line"
+        )
+    return score
 
 
 def default_files(task: str, data_dir: str | Path) -> tuple[Path, list[Path]]:

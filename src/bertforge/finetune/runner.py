@@ -2,7 +2,7 @@
 
     result = run_finetune(FinetuneRun(task="mrpc", model="path/to/hf_dir", train_file=..., dev_files=[...]), cfg)
 
-`run_finetune` is four named steps, as the pre-training loop: `setup` (tokenizer, features, model) -> `train`
+`run_finetune` is four named steps, as the pre-training loop: `setup` (tokenizer, model, features) -> `train`
 (for epoch: shuffled global batches, each padded to its own longest row -> `runtime.step.train_step`, the one
 training step of bertforge: forward, weighted loss, backward, clip, optimizer and fp16 scaler, non-finite skip)
 -> `evaluate` -> `keep_best` (Hugging Face format with the tokenizer files beside it, so `transformers` Auto
@@ -18,11 +18,13 @@ Nothing of an earlier run is replaced unannounced: `best/` records the task and 
 (`bertforge_finetune.json`); an output_dir whose best/ came from another task or model (or from nowhere known) is
 refused unless `overwrite` (which deletes it), and replacing an earlier run's best/ of the same task and model is
 said in one line. SIGTERM/SIGINT stop training at the next update with the current model saved as
-`interrupted/` (Hugging Face format); fine-tuning does not resume — it is short: run it again.
+`interrupted/` (Hugging Face format); fine-tuning does not resume — it is short: run it again. A run that fails
+before its first logged step (bad input, a crash in the first updates) leaves no new output directory behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -37,7 +39,7 @@ import torch
 
 from bertforge import device as dev
 from bertforge.config import compile_keys, compile_mode, compile_notice
-from bertforge.data.vocab import load_tokenizer
+from bertforge.data.vocab import load_tokenizer, tokenizer_file
 from bertforge.errors import UserError
 from bertforge.finetune import glue, squad
 from bertforge.finetune.config import FinetuneConfig, TaskConfig
@@ -47,9 +49,9 @@ from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as D
 from bertforge.runtime.choices import apply_model_choices
-from bertforge.runtime.io import write_text
+from bertforge.runtime.io import output_dir, write_text
 from bertforge.runtime.metrics import MetricsLogger
-from bertforge.runtime.preempt import Preemption
+from bertforge.runtime.preempt import Preempted, Preemption
 from bertforge.runtime.progress import Progress
 from bertforge.runtime.step import TrainStep, set_lr, train_step, wants_segments
 
@@ -222,6 +224,14 @@ class TaskData:
     label_names: tuple[str, ...] | None = None
 
 
+def task_head(task: str) -> tuple[str, int]:
+    """The model head a task trains and its number of outputs (span start/end, classes, or one score)."""
+    if task in SQUAD_TASKS:
+        return "qa", 2
+    spec = glue.get_task(task)
+    return ("regression" if spec.is_regression else "classification"), spec.num_labels
+
+
 def _squad_task(
     run: FinetuneRun, cfg: TaskConfig, tokenizer, out_dir: Path, log: Callable[[str], None] = print
 ) -> TaskData:
@@ -232,7 +242,7 @@ def _squad_task(
     if not run.eval_only:
         if not run.train_file:
             raise UserError(f"--task {run.task}: give --train-file (a SQuAD JSON file), or --eval-only")
-        examples, _ = squad.read_squad(run.train_file)
+        examples, _ = squad.read_squad(run.train_file, v1=not v2, training=True)
         train = encode_squad(
             squad.make_features(
                 examples, tokenizer, cfg.max_seq_len, cfg.doc_stride, cfg.max_query_len, training=True, log=log
@@ -240,7 +250,7 @@ def _squad_task(
         )
     evals: list[tuple[str, Encoded, Scorer]] = []
     for i, path in enumerate(run.dev_files):
-        examples, data = squad.read_squad(path)
+        examples, data = squad.read_squad(path, v1=not v2)
         feats = squad.make_features(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride, cfg.max_query_len)
         suffix = "" if i == 0 else f"_{i}"
 
@@ -263,7 +273,7 @@ def _squad_task(
             return squad_v1_scores(data, preds)
 
         evals.append((Path(path).stem, encode_squad(feats), score))
-    return TaskData("qa", 2, train, evals, ("start_logits", "end_logits"), "f1")
+    return TaskData(*task_head(run.task), train, evals, ("start_logits", "end_logits"), "f1")
 
 
 def glue_task_data(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
@@ -292,10 +302,8 @@ def glue_task_data(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
             return glue.evaluate(run.task, np.stack(out["logits"]), ex.labels)
 
         evals.append((name, enc(ex), score))
-    head = "regression" if spec.is_regression else "classification"
-    return TaskData(
-        head, spec.num_labels, enc(train_ex) if train_ex else None, evals, ("logits",), spec.metrics[0], spec.labels
-    )
+    train = enc(train_ex) if train_ex else None
+    return TaskData(*task_head(run.task), train, evals, ("logits",), spec.metrics[0], spec.labels)
 
 
 # ------------------------------------------------------------------------------------------- model I/O
@@ -334,6 +342,18 @@ def save_model(model, config, src_dir: str, out: Path, head: str, label_names: S
     for name in TOKENIZER_FILES:
         if (Path(src_dir) / name).is_file():
             shutil.copyfile(Path(src_dir) / name, out / name)
+
+
+def check_vocab(model_dir: str, tokenizer, vocab_size: int) -> None:
+    """A tokenizer with more tokens than the model has embedding rows fails at the first step (IndexError, or a
+    device-side assert on GPU): refuse it at start-up, naming both files."""
+    n = tokenizer.get_vocab_size()
+    if n > vocab_size:
+        raise UserError(
+            f"--model {model_dir}: {tokenizer_file(Path(model_dir))} has {n} tokens but "
+            f"{Path(model_dir) / 'config.json'} has vocab_size {vocab_size} (ids >= {vocab_size} have no "
+            "embedding); put the model's own tokenizer files beside it, or pick the model this tokenizer belongs to"
+        )
 
 
 # what best/ records of the run that wrote it
@@ -400,7 +420,8 @@ class Session:
 
 
 def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> Session:
-    """Check the inputs, join the process group, load the tokenizer, the task's data and the model."""
+    """Check the inputs, join the process group, load the tokenizer, the model and the task's data, then
+    open the metrics log: a bad input fails before anything is written or deleted."""
     t = cfg.train
     if run.task not in ALL_TASKS:
         raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")
@@ -417,21 +438,22 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
         )
     out_dir = Path(t.output_dir)
     say = log if info.is_main else (lambda s: None)
-    check_output_dir(run, out_dir, say, delete=info.is_main)  # every rank: all refuse, or none
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_output_dir(run, out_dir, say, delete=False)  # every rank: all refuse, or none
     torch.manual_seed(t.seed)
     precision = dev.resolve_precision(t.precision, device)
 
     t_setup = time.perf_counter()
     tokenizer = load_tokenizer(run.model)
+    model, mconfig = load_model(run.model, *task_head(run.task), t.attention, cfg.model.overrides())
+    check_vocab(run.model, tokenizer, mconfig.vocab_size)  # before tokenizing: a mismatch fails in seconds
     task = run.task_data or (
         _squad_task(run, cfg.task, tokenizer, out_dir, say)
         if run.task in SQUAD_TASKS
         else glue_task_data(run, cfg.task, tokenizer)
     )
-    model, mconfig = load_model(run.model, task.head, task.num_labels, t.attention, cfg.model.overrides())
     apply_model_choices(model, t)
     model.to(device)
+    check_output_dir(run, out_dir, say, delete=info.is_main)  # --overwrite deletes once every input has loaded
     logger = MetricsLogger(out_dir, is_main=info.is_main, tensorboard=t.tensorboard, stream=_Printer(say))
     say(
         f"finetune {run.task} | {run.model} | {device} {precision} x{info.world_size} | "
@@ -668,19 +690,42 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
     Under torchrun (or mpirun/srun) every rank takes its share of each optimizer batch and DDP averages the
     gradients (one all-reduce per update); rank 0 evaluates and writes.
     """
-    s = setup(run, cfg, log)
-    try:
-        if run.eval_only or s.task.train is None:
-            if s.info.is_main:  # nothing trained: nothing to save
-                s.best = {"epoch": 0, **evaluate(s, 0)}
-                s.history.append(s.best)
-        else:
-            with Preemption() as preempt:
-                train(s, preempt)
-        return finish(s)
-    finally:
-        s.logger.close()
-        D.cleanup()
+    with _run_dir(Path(cfg.train.output_dir)):
+        s = setup(run, cfg, log)
+        try:
+            if run.eval_only or s.task.train is None:
+                if s.info.is_main:  # nothing trained: nothing to save
+                    s.best = {"epoch": 0, **evaluate(s, 0)}
+                    s.history.append(s.best)
+            else:
+                with Preemption() as preempt:
+                    train(s, preempt)
+            return finish(s)
+        finally:
+            s.logger.close()
+            D.cleanup()
+
+
+@contextlib.contextmanager
+def _run_dir(out: Path) -> Iterator[None]:
+    """Rank 0 creates train.output_dir (and missing parents); a run that fails before logging a step (a bad
+    input, a crash in the first updates) leaves no new directory behind, as pre-training's. A stop on a signal
+    keeps interrupted/."""
+    if not D.env_info().is_main:  # only rank 0 writes there
+        yield
+        return
+    fresh = not out.exists()
+    with output_dir(out, "train.output_dir"):  # removes the directories it created when they are empty
+        try:
+            yield
+        except Preempted:
+            raise
+        except BaseException:
+            if fresh:  # with no step logged it holds only empty logs (metrics.jsonl, tensorboard/): remove it
+                from bertforge.train.loop import remove_unstarted
+
+                remove_unstarted(out)
+            raise
 
 
 class _Printer:

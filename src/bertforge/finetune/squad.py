@@ -44,13 +44,18 @@ class SquadExample:
     is_impossible: bool = False
 
 
-def read_squad(path: str | Path, scoring: bool = False) -> tuple[list[SquadExample], list[dict[str, Any]]]:
+def read_squad(
+    path: str | Path, scoring: bool = False, v1: bool = False, training: bool = False
+) -> tuple[list[SquadExample], list[dict[str, Any]]]:
     """Examples of a SQuAD JSON file and its raw `data` list (what the official metric reads).
 
     A file that is not SQuAD's shape (a missing key, a non-integer `answer_start`, no questions at all) is a
     UserError naming the file and the field, so the metric and the feature builder can index it freely.
     `scoring`: only what the official metric reads is required (ids and answer texts), as its scripts do;
     a `question`, `context` or `answer_start` that is there must still have its type.
+    `v1`: SQuAD v1.1: every question needs an answer, and `is_impossible` (a v2.0 field) is not read.
+    `training`: a v2.0 question may leave out `answers` (an unanswerable one); evaluation files need the key,
+    as the official scripts read every question's.
     """
     path = Path(path)
     try:
@@ -66,20 +71,32 @@ def read_squad(path: str | Path, scoring: bool = False) -> tuple[list[SquadExamp
             where = f"data[{a}].paragraphs[{p}]"
             context = _field(para, "context", str, path, where, "" if scoring else None)
             for q, qa in enumerate(_field(para, "qas", list, path, where)):
-                wq = f"{where}.qas[{q}]"
-                qid = _field(qa, "id", str, path, wq)
-                question = _field(qa, "question", str, path, wq, "" if scoring else None)
-                answers = [
-                    (
-                        _field(x, "text", str, path, f"{wq}.answers[{k}]"),
-                        _field(x, "answer_start", int, path, f"{wq}.answers[{k}]", 0 if scoring else None),
-                    )
-                    for k, x in enumerate(_field(qa, "answers", list, path, wq, []))
-                ]
-                examples.append(SquadExample(qid, question, context, answers, bool(qa.get("is_impossible", False))))
+                examples.append(_example(qa, context, path, f"{where}.qas[{q}]", scoring, v1, training))
     if not examples:
         raise UserError(f"SQuAD file {path} holds no questions (no data[].paragraphs[].qas[]); is it the right file?")
     return examples, data
+
+
+def _example(qa: Any, context: str, path: Path, where: str, scoring: bool, v1: bool, training: bool) -> SquadExample:
+    """The question at `where` (`read_squad`'s flags)."""
+    qid = _field(qa, "id", str, path, where)
+    question = _field(qa, "question", str, path, where, "" if scoring else None)
+    answers = [
+        (
+            _field(x, "text", str, path, f"{where}.answers[{k}]"),
+            _field(x, "answer_start", int, path, f"{where}.answers[{k}]", 0 if scoring else None),
+        )
+        for k, x in enumerate(_field(qa, "answers", list, path, where, [] if training or v1 else None))
+    ]
+    if v1 and not answers:
+        # else it trains as unanswerable (the [CLS] target of v2.0), and evaluate-v1.1.py cannot score it (its
+        # max over the gold answers fails)
+        raise UserError(
+            f"SQuAD file {path}: {where} (id {qid!r}) has no answers; every SQuAD v1.1 question needs at least "
+            "one: add its answers, or use --task squad_v2 for a file with unanswerable questions"
+        )
+    # run_squad.py reads is_impossible for v2.0 only: in v1.1 an answered question trains on its answer
+    return SquadExample(qid, question, context, answers, not v1 and bool(qa.get("is_impossible", False)))
 
 
 def _field(obj: Any, key: str, kind: type, path: Path, where: str, default: Any = None) -> Any:
