@@ -42,6 +42,22 @@ def test_hf_export_detects_head_and_refuses_missing_head(head_models, encoder_di
         export.export_hf(tmp_path / "headless", tmp_path / "x")  # names no architecture at all
 
 
+def test_hf_export_keeps_the_label_names(head_models, tmp_path):
+    """A fine-tuned classifier's id2label (e.g. RTE's entailment / not_entailment) survives the export, so the
+    served model answers with the names rather than LABEL_0."""
+    import shutil
+
+    src = tmp_path / "named"
+    shutil.copytree(head_models["classify"], src)
+    raw = json.loads((src / "config.json").read_text())
+    names = ["negative", "neutral", "positive"]
+    raw.update(id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    (src / "config.json").write_text(json.dumps(raw))
+    exported = json.loads((export.export_hf(src, tmp_path / "out") / "config.json").read_text())
+    assert exported["id2label"] == {"0": "negative", "1": "neutral", "2": "positive"}
+    assert exported["label2id"] == {"negative": 0, "neutral": 1, "positive": 2}
+
+
 # classify: test_export_cli; fill-mask is slow on a loaded 2-core machine (-m slow)
 @pytest.mark.parametrize("task", ["qa", pytest.param("fill-mask", marks=pytest.mark.slow)])
 def test_onnx_export_dynamic_axes_and_parity(head_models, tmp_path, task):

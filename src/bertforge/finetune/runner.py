@@ -332,13 +332,7 @@ def save_model(model, config, src_dir: str, out: Path, head: str, label_names: S
     """Hugging Face format (config.json + model.safetensors) plus the source's tokenizer files."""
     from bertforge.model import hf_interop
 
-    hf_interop.save_pretrained(model, config, out, head)
-    cfg_path = out / "config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    if head == "classification" and label_names:
-        cfg["id2label"] = {str(i): n for i, n in enumerate(label_names)}
-        cfg["label2id"] = {n: i for i, n in enumerate(label_names)}
-    write_text(cfg_path, json.dumps(cfg, indent=2))
+    hf_interop.save_pretrained(model, config, out, head, label_names)
     for name in TOKENIZER_FILES:
         if (Path(src_dir) / name).is_file():
             shutil.copyfile(Path(src_dir) / name, out / name)

@@ -32,6 +32,7 @@ import os
 import pickle
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,19 @@ def _modern_from_hf(raw: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
-def config_to_hf(config: BertConfig, task: str, num_labels: int) -> dict[str, Any]:
+def label_names_of(raw: dict[str, Any]) -> list[str] | None:
+    """A Hugging Face config's label names in id order (its id2label), or None when it has none."""
+    id2label = raw.get("id2label") or {}
+    try:
+        return [str(id2label[k]) for k in sorted(id2label, key=int)] or None
+    except (TypeError, ValueError):  # keys that are not ids: nothing we can order
+        return None
+
+
+def config_to_hf(
+    config: BertConfig, task: str, num_labels: int, label_names: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """config.json for `task`; `label_names` (one per label) name the labels, else LABEL_0, LABEL_1, ..."""
     spec = TASK_HEADS[task]
     out: dict[str, Any] = {
         "architectures": [spec.hf_class(config.model_type)],
@@ -191,8 +204,9 @@ def config_to_hf(config: BertConfig, task: str, num_labels: int) -> dict[str, An
         out.update(bos_token_id=0, eos_token_id=2)
     if task in ("classification", "regression", "token_classification"):
         n = spec.fixed_labels or num_labels
-        out["id2label"] = {str(i): f"LABEL_{i}" for i in range(n)}
-        out["label2id"] = {f"LABEL_{i}": i for i in range(n)}
+        names = list(label_names) if label_names and len(label_names) == n else [f"LABEL_{i}" for i in range(n)]
+        out["id2label"] = {str(i): name for i, name in enumerate(names)}
+        out["label2id"] = {name: i for i, name in enumerate(names)}
         if task == "regression":
             out["problem_type"] = "regression"
         elif task == "classification":
@@ -438,9 +452,14 @@ def hf_state_dict(model: BertForTask) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(
-    model: torch.nn.Module, config: BertConfig, path: str | os.PathLike, task: str | None = None
+    model: torch.nn.Module,
+    config: BertConfig,
+    path: str | os.PathLike,
+    task: str | None = None,
+    label_names: Sequence[str] | None = None,
 ) -> Path:
-    """Write config.json + model.safetensors that `transformers` Auto classes load; atomic (temp dir + rename)."""
+    """Write config.json + model.safetensors that `transformers` Auto classes load; atomic (temp dir + rename).
+    `label_names`: the labels' names (classification heads), written as id2label/label2id."""
     from safetensors.torch import save_file
 
     model = ddp.unwrap(model)  # the plain model under torch.compile / DDP wrappers
@@ -459,6 +478,6 @@ def save_pretrained(
     with atomic_dir(path) as tmp:  # an older save is swapped out only once this one is complete
         save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(
-            json.dumps(config_to_hf(config, task, model.num_labels), indent=2) + "\n", encoding="utf-8"
+            json.dumps(config_to_hf(config, task, model.num_labels, label_names), indent=2) + "\n", encoding="utf-8"
         )
     return path
