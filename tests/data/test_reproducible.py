@@ -43,6 +43,16 @@ def test_vocab_of_empty_corpus_is_refused(tmp_path):
     assert not (tmp_path / "v" / "vocab.txt").exists()
 
 
+def test_a_vocab_smaller_than_asked_is_said(tmp_path):
+    """A small corpus runs out of pieces before --vocab-size: the line says so instead of a silent 180 tokens."""
+    from bertforge.data.cli import run_vocab
+
+    corpus = _corpus(tmp_path / "corpus.txt")
+    lines: list[str] = []
+    run_vocab(str(corpus), tmp_path / "v", vocab_size=30522, log=lines.append)
+    assert "fewer than the 30522 asked for: the corpus holds no more" in lines[-1], lines
+
+
 def _drop_seconds(record):
     """A manifest without its wall times, the one thing allowed to differ between two runs."""
     if isinstance(record, dict):

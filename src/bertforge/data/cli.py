@@ -248,7 +248,11 @@ def run_vocab(
         tok = train_wordpiece(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
     else:
         raise UserError(f"vocab model must be wordpiece or bpe, not {model!r}")
-    log(f"data vocab: {tok.get_vocab_size()} tokens -> {out}/{files} ({time.perf_counter() - t0:.1f}s)")
+    have = tok.get_vocab_size()
+    short = ""
+    if not from_vocab and have < vocab_size:  # the trainer stops when the corpus has no more pieces to merge
+        short = f", fewer than the {vocab_size} asked for: the corpus holds no more (min frequency {min_frequency})"
+    log(f"data vocab: {have} tokens{short} -> {out}/{files} ({time.perf_counter() - t0:.1f}s)")
     return out
 
 
