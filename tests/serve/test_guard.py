@@ -3,6 +3,10 @@ would answer with 500 is a 400 here, and every well-formed KServe v2 request pas
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import pytest
 
 from bertforge.serve.guard import Refusal, check_infer
@@ -46,3 +50,33 @@ def test_what_triton_would_answer_with_500_is_a_one_line_400(doc, words):
     with pytest.raises(Refusal, match=words) as e:
         check_infer(doc)
     assert e.value.status == 400 and "\n" not in str(e.value)
+
+
+def test_the_guard_alone_refuses_before_and_answers_502_when_triton_is_gone():
+    """A guard whose Triton is not there (nothing listens upstream): client mistakes still get their 4xx, and
+    what reaches the missing server gets a one-line 502 rather than aiohttp's error page."""
+    pytest.importorskip("aiohttp")
+    from bertforge.serve.guard import HttpGuard
+    from bertforge.serve.server import free_port
+
+    port = free_port()
+    guard = HttpGuard("127.0.0.1", port, free_port(), max_body_bytes=4096)
+    try:
+
+        def call(body: bytes | None, ctype: str = "application/json") -> tuple[int, str]:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v2/models/classify/infer", data=body, headers={"Content-Type": ctype}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, json.loads(r.read())["error"]
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())["error"]
+
+        assert call(b"x" * 5000)[0] == 413
+        assert call(b"a=b", "application/x-www-form-urlencoded")[0] == 415
+        assert call(b"{not json")[0] == 400
+        status, msg = call(json.dumps({"inputs": [_t()]}).encode())
+        assert status == 502 and "not answering" in msg and "\n" not in msg
+    finally:
+        guard.stop()

@@ -13,7 +13,8 @@ answers bodies it cannot parse with 500. Here, before anything reaches Triton:
 
 Everything else — health, metadata, the restricted endpoints with their access token, binary-tensor requests —
 goes to Triton unchanged, and Triton's answer comes back unchanged (status, headers, compressed or not).
-Errors are one line as JSON, `{"error": "..."}`, like Triton's own. gRPC does not pass here: its front end
+Errors are one line as JSON, `{"error": "..."}`, like Triton's own; a Triton that does not answer (stopping,
+gone) is a 502 of the same form. gRPC does not pass here: its front end
 refuses malformed messages itself.
 
     guard = HttpGuard(host, port, upstream_port, max_body_bytes)   # serves in a thread of its own
@@ -27,7 +28,7 @@ import json
 import threading
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/")
 # connection-level headers: each hop sets its own
@@ -141,12 +142,16 @@ class HttpGuard:
         except Refusal as r:
             return web.json_response({"error": str(r)}, status=r.status)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_DROP}
-        async with self._session.request(
-            request.method, self.upstream + request.path_qs, headers=headers, data=body or None
-        ) as up:
-            payload = await up.read()
-            out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS | {"content-length"}}
-            return web.Response(status=up.status, body=payload, headers=out)
+        try:
+            async with self._session.request(
+                request.method, self.upstream + request.path_qs, headers=headers, data=body or None
+            ) as up:
+                payload = await up.read()
+                out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS | {"content-length"}}
+                return web.Response(status=up.status, body=payload, headers=out)
+        except ClientError as e:  # Triton gone or stopping: the server's fault, one line, not aiohttp's page
+            msg = f"the inference server is not answering ({type(e).__name__}); try again later"
+            return web.json_response({"error": msg}, status=502)
 
     async def _checked_body(self, request: web.Request) -> bytes:
         body = await read_body(request, self.limit)
