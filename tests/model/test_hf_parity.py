@@ -172,7 +172,13 @@ def test_unmapped_key_and_bad_shape_are_errors(tmp_path):
     with pytest.raises(UserError, match="bert.mystery.weight"):
         load_pretrained(tmp_path / "m", "qa")
     save_file({**sd, "qa_outputs.weight": torch.zeros(3, 32)}, f)
-    with pytest.raises(UserError, match=r"qa_outputs\.weight has shape \(3, 32\)"):
+    with pytest.raises(UserError, match=r"qa_outputs\.weight has shape \(3, 32\).*num_labels"):
+        load_pretrained(tmp_path / "m", "qa")
+    # fewer positions than the model wants (a phase 2 at a longer sequence from a short phase 1): say which key
+    pos = "bert.embeddings.position_embeddings.weight"
+    n = sd[pos].shape[0] - 4
+    save_file({**sd, pos: sd[pos][:n].clone()}, f)
+    with pytest.raises(UserError, match=rf"has {n} positions: set model\.max_position_embeddings to {n}"):
         load_pretrained(tmp_path / "m", "qa")
 
 

@@ -175,6 +175,23 @@ def _modern_from_hf(raw: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
+# what a weight's first dimension is set by, for a shape mismatch's advice (first match)
+_SHAPE_HINTS = (
+    ("position_embeddings", "the checkpoint has {n} positions: set model.max_position_embeddings to {n} (a phase 2 "
+     "at a longer sequence needs a phase 1 built with that many positions)"),
+    ("word_embeddings", "the checkpoint has {n} tokens: set model.vocab_size (or data.vocab) to the vocab it was "
+     "trained with"),
+    ("token_type_embeddings", "the checkpoint has {n} token types: check type_vocab_size in its config.json"),
+)  # fmt: skip
+
+
+def _shape_hint(name: str, n: int) -> str:
+    for key, hint in _SHAPE_HINTS:
+        if key in name:
+            return hint.format(n=n)
+    return "check config.json (a head's size comes from num_labels)"
+
+
 def label_names_of(raw: dict[str, Any]) -> list[str] | None:
     """A Hugging Face config's label names in id order (its id2label), or None when it has none."""
     id2label = raw.get("id2label") or {}
@@ -413,7 +430,7 @@ def load_hf_state_dict(
         if tuple(value.shape) != tuple(ours[name].shape):
             raise UserError(
                 f"{source}: {name} has shape {tuple(value.shape)}, the model expects "
-                f"{tuple(ours[name].shape)} (check config.json / num_labels)"
+                f"{tuple(ours[name].shape)}; {_shape_hint(name, value.shape[0])}"
             )
     missing = [k for k in ours if k not in loaded]
     enc_missing = [k for k in missing if k.startswith(_ENCODER)]
