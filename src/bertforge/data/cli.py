@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from bertforge.errors import UserError
+from bertforge.runtime.signals import Terminated, sigterm_interrupts
 
 
 def data_add(p: argparse.ArgumentParser) -> None:
@@ -96,36 +93,13 @@ def _docs_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=0, help="worker processes (0 = one per CPU core)")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt: the same unwinding (temporary files removed, worker
-    pools stopped, finished outputs kept for the re-run)."""
-
-
 def data_run(args: argparse.Namespace) -> int:
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             return _data_run(args)
     except Terminated:
         print("bertforge data: interrupted", file=sys.stderr)  # what `bertforge` says for Ctrl-C
         return 128 + signal.SIGTERM
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (`kill`, a scheduler stopping the job) raises `Terminated` in the main thread while inside."""
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one must not break off the clean-up
-        raise Terminated
-
-    if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _data_run(args: argparse.Namespace) -> int:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 
 from bertforge.errors import UserError
+from bertforge.runtime.signals import sigterm_interrupts
 
 SERVE_TASKS = ("qa", "classify", "fill-mask", "embed")
 
@@ -187,10 +187,6 @@ def _request_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def serve_run(args: argparse.Namespace) -> int:
     import torch
 
@@ -248,8 +244,6 @@ def serve_run(args: argparse.Namespace) -> int:
         for _, p in predictors:
             p.warmup(rows=cfg.max_batch)
     running = server.start(predictors, cfg)
-    # SIGTERM stops Triton as Ctrl-C does (no orphaned tritonserver)
-    signal.signal(signal.SIGTERM, _interrupt)
     names = ", ".join(server.TASKS[t].model_name for t in args.task)
     batching = f"dynamic, max {cfg.max_batch} rows, {cfg.max_queue_delay_us} us" if cfg.dynamic_batching else "off"
     print(
@@ -260,7 +254,8 @@ def serve_run(args: argparse.Namespace) -> int:
     if token is None:
         print(f"bertforge serve: access token {server.access_token(running)}", flush=True)
     try:
-        running.serve()
+        with sigterm_interrupts():  # SIGTERM stops Triton as Ctrl-C does (no orphaned tritonserver)
+            running.serve()
     except KeyboardInterrupt:
         pass
     finally:
