@@ -37,6 +37,7 @@ HOP_HEADERS = frozenset(
 )
 # the length follows the body forwarded, which aiohttp inflated as it read it: Triton reads it plain
 REQUEST_DROP = HOP_HEADERS | {"host", "content-length", "content-encoding"}
+RESPONSE_DROP = HOP_HEADERS | {"content-length"}  # Triton's encoding passes (it compressed what was asked for)
 BINARY_HEADER = "Inference-Header-Content-Length"  # KServe binary-tensor extension: JSON, then raw tensors
 
 
@@ -130,7 +131,7 @@ class HttpGuard:
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding", "User-Agent"),
         )
-        app = web.Application(client_max_size=self.limit)
+        app = web.Application()  # the body limit is read_body's: it reads request.content itself
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -147,7 +148,7 @@ class HttpGuard:
                 request.method, self.upstream + request.path_qs, headers=headers, data=body or None
             ) as up:
                 payload = await up.read()
-                out = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS | {"content-length"}}
+                out = {k: v for k, v in up.headers.items() if k.lower() not in RESPONSE_DROP}
                 return web.Response(status=up.status, body=payload, headers=out)
         except ClientError as e:  # Triton gone or stopping: the server's fault, one line, not aiohttp's page
             msg = f"the inference server is not answering ({type(e).__name__}); try again later"
