@@ -58,3 +58,43 @@ def test_sigterm_is_one_line_and_quiet_workers(corpus, tmp_path, to_group):
     assert child.returncode == 128 + signal.SIGTERM, err
     assert err.strip() == "bertforge data: interrupted", err
     assert not out.exists() or not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+def _mask_then_quiet() -> None:
+    """An initializer that writes down what a fresh worker starts with, then does what every pool's must."""
+    from bertforge.data.documents import quiet_worker
+
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    Path(os.environ["BF_TEST_MASK"]).write_text(" ".join(str(int(s)) for s in held))
+    quiet_worker()
+
+
+def test_workers_fork_with_stop_signals_held_until_quiet_worker(tmp_path, monkeypatch):
+    """Until its initializer runs, a worker has the parent's handlers; a SIGTERM or Ctrl-C in that window must
+    wait (pending) rather than run `sigterm_interrupts`' raising handler inside the child."""
+    from bertforge.data.documents import worker_pool
+
+    monkeypatch.setenv("BF_TEST_MASK", str(tmp_path / "mask"))
+    with worker_pool(1, _mask_then_quiet) as pool:
+        assert pool.apply(signal.pthread_sigmask, (signal.SIG_BLOCK, [])) == set()  # unblocked once quiet
+    assert {signal.SIGINT, signal.SIGTERM} <= {int(s) for s in (tmp_path / "mask").read_text().split()}
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM}  # parent as before
+
+
+QUICK_POOLS = """
+from bertforge.runtime.signals import sigterm_interrupts
+from bertforge.data.documents import bounded_map
+with sigterm_interrupts():
+    for _ in range(300):
+        assert list(bounded_map(abs, range(3), 2)) == [0, 1, 2]
+"""
+
+
+def test_pools_stopped_at_once_under_sigterm_interrupts_are_quiet():
+    """The CI hang: a pool terminated right after it started (a tiny input) sent SIGTERM to workers that had not
+    yet run `quiet_worker`, so `sigterm_interrupts`' handler raised in them; a child that unwound before it was
+    inside `Process._bootstrap` never exited. Before the fix about 1 in 100 such pools printed a worker's
+    `Terminated` traceback here; now none may."""
+    env = {**os.environ, "PYTHONPATH": str(Path(bertforge.__file__).parents[1])}
+    run = subprocess.run([sys.executable, "-c", QUICK_POOLS], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stderr == "", run.stderr[-2000:]

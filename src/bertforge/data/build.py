@@ -22,7 +22,6 @@ import glob
 import hashlib
 import itertools
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -35,7 +34,7 @@ import numpy as np
 
 from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
-from bertforge.data.documents import quiet_worker
+from bertforge.data.documents import quiet_worker, worker_pool
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.errors import UserError
 from bertforge.runtime.io import output_dir, raise_if_disk_full, remove_stale, temp_name
@@ -581,9 +580,7 @@ def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # before forking: no tokenizer thread pool in the children
     try:
-        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        ctx = mp.get_context(method)
-        with ctx.Pool(n_workers, initializer=_worker_init) as pool:
+        with worker_pool(n_workers, _worker_init) as pool:
             # largest spill first: better load balance
             order = sorted(jobs, key=lambda j: -os.path.getsize(j.spill))
             for e in pool.imap_unordered(build_shard, order, chunksize=1):

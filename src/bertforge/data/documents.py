@@ -38,6 +38,7 @@ from bertforge.runtime.io import commit, raise_if_disk_full, remove_stale, temp_
 
 if TYPE_CHECKING:
     import ctypes
+    import multiprocessing.pool
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\ufeff\ufffd]")
 _WIDE_SPACE_CHARS = "\t\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
@@ -129,12 +130,37 @@ def _map_batch(fn: Callable, batch: list) -> list:
     return [fn(x) for x in batch]
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def quiet_worker() -> None:
     """Pool initializer: the main process alone handles Ctrl-C and SIGTERM (it stops the pool and says so in one
     line); a worker ignores SIGINT (a terminal sends it to the whole process group) and dies silently on SIGTERM
-    (what Pool.terminate sends), rather than inheriting the main process's handlers and printing a traceback."""
+    (what Pool.terminate sends), rather than inheriting the main process's handlers and printing a traceback.
+    `worker_pool` forks with both signals blocked; they are unblocked only once these handlers are in place."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def worker_pool(workers: int, initializer: Callable[[], None] = quiet_worker) -> multiprocessing.pool.Pool:
+    """A fork (or, where there is none, spawn) pool whose `initializer` must call `quiet_worker`.
+
+    Why the signals are blocked while it forks: a child starts with the parent's handlers, and until its
+    initializer runs, a SIGTERM from `Pool.terminate` (a short job ends at once) or a Ctrl-C would run the
+    parent's handler in the child, which raises KeyboardInterrupt (`sigterm_interrupts`) wherever the child is:
+    before the child is inside `Process._bootstrap`, that unwinds into a copy of the parent's own program and the
+    child never exits, so `terminate` waits on it for ever. A blocked signal stays pending until `quiet_worker`
+    has set the worker's handlers. The pool's helper threads, started here too, keep the blocked mask, so workers
+    they start later to replace dead ones fork safely too; the signals still reach the main thread."""
+    import multiprocessing as mp  # here: a one-process run (a small dump) does not pay for importing it
+
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return mp.get_context(method).Pool(workers, initializer)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def bounded_map(fn: Callable, items: Iterable, workers: int) -> Iterator:
@@ -143,9 +169,7 @@ def bounded_map(fn: Callable, items: Iterable, workers: int) -> Iterator:
     if workers <= 1:
         yield from map(fn, items)
         return
-    import multiprocessing as mp  # here: a one-process run (a small dump) does not pay for importing it
-
-    pool = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn").Pool(workers, quiet_worker)
+    pool = worker_pool(workers)
     try:
         pending: collections.deque = collections.deque()
         for item in items:
