@@ -282,3 +282,24 @@ def test_ascii_fast_path_identical(shared_data):
         tok = load_tokenizer(shared_data / "bert_vocab" / vocab, lower)
         ref = [e.ids for e in tok.encode_batch_fast(lines + raw, add_special_tokens=False)]
         assert encode_lines(tok, lines + raw) == ref
+
+
+def test_shards_left_empty_by_a_tiny_corpus_are_named_with_the_fix(setup, tmp_path):
+    """Three documents dealt into eight shards leave some with no instances: said in one line naming the
+    option, and the empty shards are still valid (readable, 0 rows), so a training run over them works."""
+    d, _, vocab = setup
+    _corpus(tmp_path / "three.txt", 3, 5)
+    lines: list[str] = []
+    res = run_shards(tmp_path / "three.txt", vocab, tmp_path / "o", _params(num_shards=8), log=lines.append)
+    empty = sum(1 for s in res["train"]["shards"] if s["instances"] == 0)
+    assert empty >= 5
+    warn = [x for x in lines if "warning" in x]
+    assert warn == [
+        f"data shards: warning: {empty} of 8 train shards have no instances (3 documents in all): use fewer "
+        f"shards (--shards {8 - empty}) or a larger corpus"
+    ]
+    assert ShardSet.open(tmp_path / "o").rows == res["train"]["instances"] > 0
+    ShardSet.open(tmp_path / "o").check_rows(120)  # its sample is read from a shard with rows
+    lines.clear()
+    run_shards(setup[1], vocab, tmp_path / "full", _params(), log=lines.append)
+    assert not [x for x in lines if "warning" in x]

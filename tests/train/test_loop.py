@@ -60,9 +60,10 @@ def test_exact_resume(shards, tmp_path):
     assert drop(sa) == drop(sb)
 
 
-def test_an_eval_dir_without_rows_is_refused_before_anything_is_written(shards, tmp_path):
+def test_a_shard_dir_without_rows_is_refused_before_anything_is_written(shards, tmp_path):
     """A corpus too small to hold any document out gives eval shards of 0 rows; evaluating them would log loss 0
-    and accuracy 0 as if measured."""
+    and accuracy 0 as if measured. Training shards of 0 rows (documents too short for seq_len) would never
+    give a batch."""
     import h5py
 
     empty = tmp_path / "eval"
@@ -72,6 +73,9 @@ def test_an_eval_dir_without_rows_is_refused_before_anything_is_written(shards, 
             h.create_dataset(k, shape=(0, *v.shape[1:]), dtype=v.dtype)
     with pytest.raises(UserError, match=f"data.eval_dir {empty} holds no rows"):
         run_pretrain(_cfg(shards, tmp_path / "run", **{"data.eval_dir": str(empty)}))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(UserError, match=f"data.input_dir {empty} holds no rows .*seq_len"):
+        run_pretrain(_cfg(empty, tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 

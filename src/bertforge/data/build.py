@@ -452,7 +452,21 @@ def _run_shards(
         f"data shards: {total} instances in {len(entries)} shards, {wall:.1f}s "
         f"({n_docs / wall:,.0f} docs/s, {sum(e['tokens'] for e in entries) / wall / 1e6:.2f} M tokens/s)"
     )
+    _warn_empty(entries, n_docs, log)
     return result
+
+
+def _warn_empty(entries: list[dict[str, Any]], n_docs: int, log) -> None:
+    """One line per split with shards that got no instances (a corpus too small for the shard count): training
+    still works, but the user most likely meant fewer shards, and `--shards` is what to change."""
+    for kind, option in (("train", "--shards"), ("eval", "--eval-shards")):
+        mine = [e for e in entries if e["kind"] == kind]
+        empty = sum(1 for e in mine if e["instances"] == 0)
+        if empty:
+            log(
+                f"data shards: warning: {empty} of {len(mine)} {kind} shards have no instances ({n_docs} documents "
+                f"in all): use fewer shards ({option} {max(1, len(mine) - empty)}) or a larger corpus"
+            )
 
 
 def _jobs(

@@ -446,9 +446,11 @@ class ShardSet:
                 )
 
     def check_rows(self, vocab_size: int) -> None:
-        """`check_values` on the first SAMPLE_ROWS rows of the first shard: ids beyond the model's vocab (shards
-        without a manifest record none) or positions outside the row fail at start-up, at a bounded cost."""
-        first = self.infos[0].path
+        """`check_values` on the first SAMPLE_ROWS rows of the first shard with rows: ids beyond the model's vocab
+        (shards without a manifest record none) or positions outside the row fail at start-up, at a bounded cost."""
+        first = next((i.path for i in self.infos if i.rows), None)
+        if first is None:
+            return
         with open_shard(first) as h, reading(first):
             arrays = {k: h[k][:SAMPLE_ROWS] for k in (*ID_KEYS, *POSITION_KEYS) if k in h}
         check_values(first, arrays, 0, vocab_size)

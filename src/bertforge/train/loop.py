@@ -120,6 +120,11 @@ def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
             f"data.eval_dir {d.eval_dir} holds no rows (the corpus was too small to hold any out); build it from "
             "more text, or set data.eval_dir=null"
         )
+    if shards is not None and shards.rows == 0:
+        raise UserError(
+            f"data.input_dir {d.input_dir} holds no rows (the documents are too few or too short for its "
+            f"seq_len {shards.seq_len}); build it from more text"
+        )
     return shards
 
 
