@@ -40,6 +40,11 @@ def test_hf_export_detects_head_and_refuses_missing_head(head_models, encoder_di
     (tmp_path / "headless" / "config.json").write_text(json.dumps({**raw, "architectures": []}))
     with pytest.raises(UserError, match="architectures"):
         export.export_hf(tmp_path / "headless", tmp_path / "x")  # names no architecture at all
+    (tmp_path / "pretraining").mkdir()
+    (tmp_path / "pretraining" / "config.json").write_text(json.dumps({**raw, "architectures": ["BertForPreTraining"]}))
+    with pytest.raises(UserError, match="pre-training model .*--task fill-mask .*--task embed"):
+        export.export_onnx(tmp_path / "pretraining", tmp_path / "y")  # MLM + NSP: which part to take is said
+    assert not (tmp_path / "y").exists()
 
 
 def test_hf_export_keeps_the_label_names(head_models, tmp_path):

@@ -294,6 +294,11 @@ def export_onnx(
     model_dir, out = Path(model_dir), Path(out)
     check_out(model_dir, out, force)
     head = resolve_head(model_dir, task)
+    if head == "pretraining":  # MLM + NSP heads, two outputs no serving task asks for: say which part to take
+        raise UserError(
+            f"{model_dir} is a pre-training model (MLM + NSP heads), which ONNX export does not take whole; pass "
+            "--task fill-mask for its masked-LM head or --task embed for the bare encoder"
+        )
     if head not in ONNX_OUTPUTS:
         raise UserError(f"ONNX export supports heads {', '.join(ONNX_OUTPUTS)}, not {head!r}")
     # eager attention: plain matmul/softmax ops that every ONNX runtime has
