@@ -34,8 +34,8 @@ import numpy as np
 
 from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
-from bertforge.data.documents import quiet_worker, worker_pool
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
+from bertforge.data.workers import WorkerPool, quiet_worker
 from bertforge.errors import UserError
 from bertforge.runtime.io import output_dir, raise_if_disk_full, remove_stale, temp_name
 from bertforge.runtime.progress import Progress
@@ -594,10 +594,10 @@ def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # before forking: no tokenizer thread pool in the children
     try:
-        with worker_pool(n_workers, _worker_init) as pool:
+        with WorkerPool(n_workers, _worker_init) as pool:
             # largest spill first: better load balance
             order = sorted(jobs, key=lambda j: -os.path.getsize(j.spill))
-            for e in pool.imap_unordered(build_shard, order, chunksize=1):
+            for e in pool.map(build_shard, order, ordered=False):
                 report(e)
     finally:
         if saved is None:

@@ -5,8 +5,8 @@ each paragraph split into sentences with Bling Fire (`blingfire.text_to_sentence
 segmenter); documents shorter than `min_doc_chars` dropped. Document i of the stream goes to text shard
 i mod num_shards, so the output is fixed by the input and the shard count.
 
-Wikipedia (`run_wiki`): the dump is cut into chunks of whole pages (`wikidump`); worker processes, at most two
-chunks each in flight, turn each chunk's wikitext into prose (`wikiclean`, linear in the page size), clean it
+Wikipedia (`run_wiki`): the dump is cut into chunks of whole pages (`wikidump`); worker processes
+(`workers.WorkerPool`: one chunk each in flight, one read ahead), turn each chunk's wikitext into prose (`wikiclean`, linear in the page size), clean it
 as above and write it as one part file `parts/part_K.txt` (atomically: a part either is complete or is absent).
 When every part is there, their documents are dealt round-robin into the text shards, which are renamed into
 place together; the manifest is written last and the parts removed. A killed run, run again with the same
@@ -17,14 +17,12 @@ the work.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import json
 import os
 import re
 import shutil
-import signal
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
@@ -33,12 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bertforge.data import sources, wikiclean, wikidump
+from bertforge.data.workers import bounded_map
 from bertforge.errors import UserError
 from bertforge.runtime.io import commit, raise_if_disk_full, remove_stale, temp_name, writable_dir, write_text
 
 if TYPE_CHECKING:
     import ctypes
-    import multiprocessing.pool
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\ufeff\ufffd]")
 _WIDE_SPACE_CHARS = "\t\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
@@ -128,58 +126,6 @@ def _batches(it: Iterable, n: int) -> Iterator[list]:
 
 def _map_batch(fn: Callable, batch: list) -> list:
     return [fn(x) for x in batch]
-
-
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-def quiet_worker() -> None:
-    """Pool initializer: the main process alone handles Ctrl-C and SIGTERM (it stops the pool and says so in one
-    line); a worker ignores SIGINT (a terminal sends it to the whole process group) and dies silently on SIGTERM
-    (what Pool.terminate sends), rather than inheriting the main process's handlers and printing a traceback.
-    `worker_pool` forks with both signals blocked; they are unblocked only once these handlers are in place."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-
-
-def worker_pool(workers: int, initializer: Callable[[], None] = quiet_worker) -> multiprocessing.pool.Pool:
-    """A fork (or, where there is none, spawn) pool whose `initializer` must call `quiet_worker`.
-
-    Why the signals are blocked while it forks: a child starts with the parent's handlers, and until its
-    initializer runs, a SIGTERM from `Pool.terminate` (a short job ends at once) or a Ctrl-C would run the
-    parent's handler in the child, which raises KeyboardInterrupt (`sigterm_interrupts`) wherever the child is:
-    before the child is inside `Process._bootstrap`, that unwinds into a copy of the parent's own program and the
-    child never exits, so `terminate` waits on it for ever. A blocked signal stays pending until `quiet_worker`
-    has set the worker's handlers. The pool's helper threads, started here too, keep the blocked mask, so workers
-    they start later to replace dead ones fork safely too; the signals still reach the main thread."""
-    import multiprocessing as mp  # here: a one-process run (a small dump) does not pay for importing it
-
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        return mp.get_context(method).Pool(workers, initializer)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
-def bounded_map(fn: Callable, items: Iterable, workers: int) -> Iterator:
-    """fn(item) for each item, in order, in `workers` processes with at most two items per worker in flight:
-    the input is read only as fast as the workers keep up, so memory stays flat however long the input is."""
-    if workers <= 1:
-        yield from map(fn, items)
-        return
-    pool = worker_pool(workers)
-    try:
-        pending: collections.deque = collections.deque()
-        for item in items:
-            pending.append(pool.apply_async(fn, (item,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
-    finally:
-        pool.terminate()
 
 
 class ShardWriter:
