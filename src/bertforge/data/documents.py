@@ -6,8 +6,9 @@ segmenter); documents shorter than `min_doc_chars` dropped. Document i of the st
 i mod num_shards, so the output is fixed by the input and the shard count.
 
 Wikipedia (`run_wiki`): the dump is cut into chunks of whole pages (`wikidump`); worker processes
-(`workers.WorkerPool`: one chunk each in flight, one read ahead), turn each chunk's wikitext into prose (`wikiclean`, linear in the page size), clean it
-as above and write it as one part file `parts/part_K.txt` (atomically: a part either is complete or is absent).
+(`workers.WorkerPool`: one chunk each in flight, one read ahead) turn each chunk's wikitext into prose
+(`wikiclean`, linear in the page size), clean it as above and write it as one part file `parts/part_K.txt`
+(atomically: a part either is complete or is absent).
 When every part is there, their documents are dealt round-robin into the text shards, which are renamed into
 place together; the manifest is written last and the parts removed. A killed run, run again with the same
 settings, keeps the complete parts and does only the missing ones; the documents come out the same.
