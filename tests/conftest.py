@@ -24,10 +24,14 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
-@pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Keep bertforge's cache (the matmul peak) out of the user's home during tests."""
-    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "bertforge-cache"))
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Keep bertforge's cache (the matmul peak) out of the user's home during tests: session-wide, so the module-
+    and session-scoped fixtures that run a command (set up before any function-scoped fixture) use it too."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("BERTFORGE_CACHE", str(tmp_path_factory.getbasetemp() / "bertforge-cache"))
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from bertforge.serve.server import free_ports
 
 
 @pytest.fixture(scope="session")
@@ -38,16 +39,6 @@ def head_models(encoder_dir, tmp_path_factory) -> dict[str, Path]:
         )
         for i, task in enumerate(("qa", "classify", "fill-mask"))
     }
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def http_get(url: str, token: str | None = None) -> tuple[int, bytes]:

@@ -57,10 +57,10 @@ def test_the_guard_alone_refuses_before_and_answers_502_when_triton_is_gone():
     what reaches the missing server gets a one-line 502 rather than aiohttp's error page."""
     pytest.importorskip("aiohttp")
     from bertforge.serve.guard import HttpGuard
-    from bertforge.serve.server import free_port
+    from bertforge.serve.server import free_ports
 
-    port = free_port()
-    guard = HttpGuard("127.0.0.1", port, free_port(), max_body_bytes=4096)
+    port, upstream = free_ports(2)
+    guard = HttpGuard("127.0.0.1", port, upstream, max_body_bytes=4096)
     try:
 
         def call(body: bytes | None, ctype: str = "application/json") -> tuple[int, str]:

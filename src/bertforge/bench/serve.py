@@ -117,11 +117,11 @@ class _Server:
     """`bertforge serve` in a subprocess, ready when its model is."""
 
     def __init__(self, task: str, model_dir: Path, args: list[str], timeout_s: float = 180):
-        from bertforge.serve.server import free_port
+        from bertforge.serve.server import free_ports
         from bertforge.serve.tasks import TASKS
 
         self.name = TASKS[task].model_name
-        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
+        self.http, self.grpc, self.metrics = free_ports(3)
         self.token = secrets.token_urlsafe(16)
         cmd = [
             sys.executable,

@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import sysconfig
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -221,11 +221,17 @@ def tensors(specs) -> list:
     return [Tensor(name=s.name, dtype=_NP[s.dtype], shape=s.shape, optional=s.optional) for s in specs]
 
 
-def free_port() -> int:
-    """A TCP port free on loopback now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int, avoid: Collection[int] = ()) -> list[int]:
+    """`n` different TCP ports free on loopback now (the OS picks them), none of `avoid`: ports chosen but not
+    yet bound, which the OS may hand out again because nothing holds them."""
+    ports: list[int] = []
+    while len(ports) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid and port not in ports:
+            ports.append(port)
+    return ports
 
 
 @dataclasses.dataclass
@@ -257,9 +263,11 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
 
     from bertforge.serve.guard import HttpGuard  # aiohttp: the serve extra, like pytriton
 
+    # the guard's upstream: not one of the ports chosen for this server, which a caller may have only picked so far
+    (private_port,) = free_ports(1, avoid={cfg.http_port, cfg.grpc_port, cfg.metrics_port})
     tc = TritonConfig(
         http_address="127.0.0.1" if cfg.http_guard else cfg.host,
-        http_port=free_port() if cfg.http_guard else cfg.http_port,
+        http_port=private_port if cfg.http_guard else cfg.http_port,
         grpc_address=cfg.host,
         grpc_port=cfg.grpc_port,
         metrics_address=cfg.host,
