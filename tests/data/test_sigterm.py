@@ -124,6 +124,29 @@ def test_map_in_order_or_as_finished_and_errors_as_raised():
     assert list(bounded_map(abs, range(-3, 0), 1)) == [3, 2, 1]  # one worker: in this process
 
 
+def _nap(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)
+    return seconds
+
+
+def test_in_order_results_behind_a_slow_item_stay_bounded():
+    """Item 0 takes a second, the rest none: the other worker must not run through the whole input meanwhile,
+    piling its results up in memory behind item 0."""
+    pulled = []
+
+    def items():
+        for i, s in enumerate([1.0] + [0.0] * 40):
+            pulled.append(i)
+            yield s
+
+    with WorkerPool(2) as pool:
+        out = pool.map(_nap, items())
+        assert next(out) == 1.0 and len(pulled) <= 2 * 2 + 1  # 2 per worker in flight or waiting, 1 read ahead
+        assert sum(1 for _ in out) == 40
+
+
 def test_a_worker_killed_from_outside_is_one_line_not_a_hang():
     with pytest.raises(UserError, match=r"a worker process died \(SIGKILL: .*\); run the command again"):
         list(bounded_map(_die, range(4), 2))

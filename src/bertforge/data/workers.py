@@ -48,7 +48,13 @@ class RemoteTraceback(Exception):
 def _serve(conn: Any, initializer: Callable[[], None]) -> None:
     """A worker: (fn, item) in, (True, fn(item)) or (False, exception, traceback text) out, until None."""
     initializer()
-    while (task := conn.recv()) is not None:
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:  # the main process is gone (killed): nothing left to do, nothing to say
+            return
+        if task is None:
+            return
         fn, item = task
         try:
             reply: tuple = (True, fn(item))
@@ -56,6 +62,8 @@ def _serve(conn: Any, initializer: Callable[[], None]) -> None:
             reply = (False, e, traceback.format_exc())
         try:
             conn.send(reply)
+        except OSError:  # the main process is gone
+            return
         except Exception as e:  # an unpicklable result or exception: its text still reaches the main process
             conn.send((False, RuntimeError(f"{type(e).__name__}: {e}"), "".join(traceback.format_exception(e))))
 
@@ -98,7 +106,8 @@ class WorkerPool:
         sent = yielded = 0
         ahead = next(source, _END)
         while True:
-            while idle and ahead is not _END:
+            # in order, results wait behind a slow item: at most 2 per worker, so memory stays bounded anyway
+            while idle and ahead is not _END and (not ordered or sent - yielded < 2 * len(self.conns)):
                 worker = idle.pop()
                 self._send(worker, (fn, ahead))
                 busy[worker], sent = sent, sent + 1
@@ -106,8 +115,10 @@ class WorkerPool:
             while yielded in done:
                 yield done.pop(yielded)
                 yielded += 1
-            if not busy:
-                return
+            if not busy:  # all that was sent is out: the end, or the window is open again
+                if ahead is _END:
+                    return
+                continue
             for conn in wait([self.conns[w] for w in busy]):
                 worker = self.conns.index(conn)
                 index, result = busy.pop(worker), self._result(worker)
