@@ -287,7 +287,7 @@ def test_ascii_fast_path_identical(shared_data):
 def test_shards_left_empty_by_a_tiny_corpus_are_named_with_the_fix(setup, tmp_path):
     """Three documents dealt into eight shards leave some with no instances: said in one line naming the
     option, and the empty shards are still valid (readable, 0 rows), so a training run over them works."""
-    d, _, vocab = setup
+    _, docs, vocab = setup
     _corpus(tmp_path / "three.txt", 3, 5)
     lines: list[str] = []
     res = run_shards(tmp_path / "three.txt", vocab, tmp_path / "o", _params(num_shards=8), log=lines.append)
@@ -299,7 +299,9 @@ def test_shards_left_empty_by_a_tiny_corpus_are_named_with_the_fix(setup, tmp_pa
         f"shards (--shards {8 - empty}) or a larger corpus"
     ]
     assert ShardSet.open(tmp_path / "o").rows == res["train"]["instances"] > 0
-    ShardSet.open(tmp_path / "o").check_rows(120)  # its sample is read from a shard with rows
+    assert res["train"]["shards"][0]["instances"] == 0  # so the start-up sample must come from a later shard
+    with pytest.raises(UserError, match=r"train_[1-7]\.hdf5"):
+        ShardSet.open(tmp_path / "o").check_rows(5)  # ids past a 5-token vocab: found in the first shard with rows
     lines.clear()
-    run_shards(setup[1], vocab, tmp_path / "full", _params(), log=lines.append)
+    run_shards(docs, vocab, tmp_path / "full", _params(), log=lines.append)
     assert not [x for x in lines if "warning" in x]
