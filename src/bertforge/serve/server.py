@@ -264,10 +264,10 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
     from bertforge.serve.guard import HttpGuard  # aiohttp: the serve extra, like pytriton
 
     # the guard's upstream: not one of the ports chosen for this server, which a caller may have only picked so far
-    (private_port,) = free_ports(1, avoid={cfg.http_port, cfg.grpc_port, cfg.metrics_port})
+    ours = {cfg.http_port, cfg.grpc_port, cfg.metrics_port}
     tc = TritonConfig(
         http_address="127.0.0.1" if cfg.http_guard else cfg.host,
-        http_port=private_port if cfg.http_guard else cfg.http_port,
+        http_port=free_ports(1, avoid=ours)[0] if cfg.http_guard else cfg.http_port,
         grpc_address=cfg.host,
         grpc_port=cfg.grpc_port,
         metrics_address=cfg.host,
