@@ -177,11 +177,9 @@ def read_labels(model_dir: str | Path) -> list[str] | None:
     p = Path(model_dir) / "config.json"
     if not p.is_file():
         return None
-    cfg = json.loads(p.read_text(encoding="utf-8"))
-    id2label = cfg.get("id2label")
-    if not id2label:
-        return None
-    return [str(id2label[k]) for k in sorted(id2label, key=lambda k: int(k))]
+    from bertforge.model.hf_interop import label_names_of
+
+    return label_names_of(json.loads(p.read_text(encoding="utf-8")))
 
 
 def read_pooling(model_dir: str | Path, chosen: str | None = None) -> tuple[str | None, int | None]:
