@@ -214,8 +214,7 @@ class TaskData:
     """A task made uniform for the loop: training rows, evaluation sets, and how to score them."""
 
     head: str
-    """Model head: qa, classification or regression."""
-    num_labels: int
+    """Model head: qa, classification or regression (its width: `task_head`)."""
     train: Encoded | None
     evals: list[tuple[str, Encoded, Scorer]]
     """(name, rows, score(model outputs) -> metrics, may write files) per evaluation set."""
@@ -273,7 +272,7 @@ def _squad_task(
             return squad_v1_scores(data, preds)
 
         evals.append((Path(path).stem, encode_squad(feats), score))
-    return TaskData(*task_head(run.task), train, evals, ("start_logits", "end_logits"), "f1")
+    return TaskData(task_head(run.task)[0], train, evals, ("start_logits", "end_logits"), "f1")
 
 
 def glue_task_data(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
@@ -303,7 +302,7 @@ def glue_task_data(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
 
         evals.append((name, enc(ex), score))
     train = enc(train_ex) if train_ex else None
-    return TaskData(*task_head(run.task), train, evals, ("logits",), spec.metrics[0], spec.labels)
+    return TaskData(task_head(run.task)[0], train, evals, ("logits",), spec.metrics[0], spec.labels)
 
 
 # ------------------------------------------------------------------------------------------- model I/O
