@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from bertforge.data import cli as data_cli
 from bertforge.data import pack_cli
 from bertforge.errors import UserError
 from bertforge.finetune import cli as finetune_cli
+from bertforge.runtime.signals import Terminated
 from bertforge.serve import cli as serve_cli
 from bertforge.train import cli as train_cli
 
@@ -139,9 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"bertforge {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM where a command turns it into one (`sigterm_interrupts`)
         print(f"bertforge {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
     except BrokenPipeError:
         # `bertforge ... | head`: not an error; keep Python from complaining at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bertforge.errors import UserError
-from bertforge.runtime.signals import Terminated, sigterm_interrupts
+from bertforge.runtime.signals import sigterm_interrupts
 
 
 def data_add(p: argparse.ArgumentParser) -> None:
@@ -94,12 +92,8 @@ def _docs_common(p: argparse.ArgumentParser) -> None:
 
 
 def data_run(args: argparse.Namespace) -> int:
-    try:
-        with sigterm_interrupts():
-            return _data_run(args)
-    except Terminated:
-        print("bertforge data: interrupted", file=sys.stderr)  # what `bertforge` says for Ctrl-C
-        return 128 + signal.SIGTERM
+    with sigterm_interrupts():  # SIGTERM ends as Ctrl-C does (`bertforge`'s main says so, exit 143)
+        return _data_run(args)
 
 
 def _data_run(args: argparse.Namespace) -> int:
