@@ -215,8 +215,7 @@ def export_hf(
     sentence-embedding model) and gets a fresh, seeded init; for smoke tests and serving benchmarks.
     `force`: replace whatever `out` holds (see `check_out`).
     """
-    from bertforge.model.hf_interop import save_pretrained
-    from bertforge.serve.tasks import read_labels
+    from bertforge.model.hf_interop import label_names_of, save_pretrained
 
     model_dir, out = Path(model_dir), Path(out)
     check_out(model_dir, out, force)
@@ -227,7 +226,8 @@ def export_hf(
             save_encoder(model, config, tmp)
             copy_sentence_transformers(model_dir, tmp)
         else:
-            save_pretrained(model, config, tmp, head, read_labels(model_dir))  # the source's label names kept
+            source = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+            save_pretrained(model, config, tmp, head, label_names_of(source))  # the source's label names kept
         copy_tokenizer(model_dir, tmp)
         write_marker(tmp, "hf", head, model_dir)
     return out
