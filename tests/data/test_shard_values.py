@@ -8,6 +8,7 @@ import itertools
 
 import numpy as np
 import pytest
+from tests.helpers import one_line
 
 from bertforge.data.loader import PretrainLoader, eval_batches
 from bertforge.data.shards import write_shard
@@ -34,13 +35,6 @@ def _dir(tmp_path, arrays: dict[str, np.ndarray], bad: dict[str, np.ndarray] | N
     return d
 
 
-def _one_line(e: pytest.ExceptionInfo, *parts: str) -> None:
-    msg = str(e.value)
-    assert "\n" not in msg, msg
-    for p in parts:
-        assert p in msg, (p, msg)
-
-
 @pytest.mark.parametrize(
     ("change", "parts"),
     [
@@ -54,7 +48,7 @@ def test_a_malformed_schema_is_one_line_naming_shard_and_dataset(tmp_path, chang
     bad = {k: v for k, v in {**_nvidia(), **change}.items() if v is not None}
     with pytest.raises(UserError) as e:
         ShardSet.open(_dir(tmp_path, _nvidia(), bad)).check_datasets()  # widths: when opened; datasets: here
-    _one_line(e, "train_1.hdf5", *parts, "re-create it")
+    one_line(str(e.value), "train_1.hdf5", *parts, "re-create it")
 
 
 def test_dynamic_shards_need_no_masked_lm_datasets(tmp_path):
@@ -70,12 +64,12 @@ def test_start_up_sample_catches_bad_positions_and_ids(tmp_path):
     bad_pos["masked_lm_positions"][5, 2] = 16  # rows are 16 tokens: positions 0..15
     with pytest.raises(UserError) as e:
         ShardSet.open(_dir(tmp_path / "pos", bad_pos, shards=1)).check_model(64, 16)
-    _one_line(e, "train_0.hdf5 row 5: masked_lm_positions holds 16", "rows are 16 tokens long")
+    one_line(str(e.value), "train_0.hdf5 row 5: masked_lm_positions holds 16", "rows are 16 tokens long")
     big = _nvidia()
     big["input_ids"][3, 7] = 64  # no manifest records the vocab: only the ids tell
     with pytest.raises(UserError) as e:
         ShardSet.open(_dir(tmp_path / "ids", big, shards=1)).check_model(64, 16)
-    _one_line(e, "train_0.hdf5 row 3: input_ids holds 64", "vocab has 64 tokens", "model.vocab_size")
+    one_line(str(e.value), "train_0.hdf5 row 3: input_ids holds 64", "vocab has 64 tokens", "model.vocab_size")
     ShardSet.open(_dir(tmp_path / "ids", big, shards=1)).check_model(65, 16)  # a larger model takes it
 
 
@@ -93,6 +87,6 @@ def test_the_loader_names_the_shard_and_row_of_a_bad_row(tmp_path):
     batches = PretrainLoader.from_dir(d, 4, 4, 0, 1, seed=0, num_workers=0, vocab_size=64).iterate(0)
     with pytest.raises(UserError) as e:
         list(itertools.islice(batches, 8))  # 4 batches an epoch: every row is read
-    _one_line(e, "train_1.hdf5 row 6: masked_lm_positions holds 40")
+    one_line(str(e.value), "train_1.hdf5 row 6: masked_lm_positions holds 40")
     with pytest.raises(UserError, match="train_1.hdf5 row 6"):
         list(eval_batches(d, 4, vocab_size=64))

@@ -16,6 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from tests.helpers import one_line
 
 import bertforge
 from bertforge.cli import main
@@ -73,13 +74,6 @@ def _hidden(d: Path) -> list[str]:
     return sorted(p.name for p in d.rglob(".*"))
 
 
-def _one_line(err: str, *names: object) -> None:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for n in names:
-        assert str(n) in lines[0], (n, lines[0])
-
-
 def _flip_chunk(path: Path, dataset: str = "input_ids") -> None:
     """Overwrite bytes in the middle of `dataset`'s first compressed chunk: the metadata stays readable (the
     shard opens and lists), the rows fail to decompress."""
@@ -105,10 +99,10 @@ def test_bit_flipped_shard_is_one_line_in_inspect_and_pack(built, tmp_path, caps
     _flip_chunk(victim)
     capsys.readouterr()
     assert main(["data", "inspect", str(built)]) == 2
-    _one_line(capsys.readouterr().err, victim, "corrupt")
+    one_line(capsys.readouterr().err, victim, "corrupt")
     out = tmp_path / "packed"
     assert main(["pack", "--in", str(built), "--out", str(out)]) == 2
-    _one_line(capsys.readouterr().err, victim, "corrupt")
+    one_line(capsys.readouterr().err, victim, "corrupt")
     assert not out.exists()  # the failed pack left no directory behind
 
 
@@ -117,9 +111,9 @@ def test_truncated_shard_is_one_line_in_inspect_and_pack(built, tmp_path, capsys
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
     capsys.readouterr()
     assert main(["data", "inspect", str(victim)]) == 2
-    _one_line(capsys.readouterr().err, victim)
+    one_line(capsys.readouterr().err, victim)
     assert main(["pack", "--in", str(built), "--out", str(tmp_path / "packed")]) == 2
-    _one_line(capsys.readouterr().err, victim)
+    one_line(capsys.readouterr().err, victim)
 
 
 def test_datasets_disagreeing_in_rows_are_flagged_by_inspect_and_refused_by_pack(tmp_path, capsys):
@@ -138,9 +132,9 @@ def test_datasets_disagreeing_in_rows_are_flagged_by_inspect_and_refused_by_pack
         for k, v in arrays.items():
             f.create_dataset(k, data=v)
     assert main(["data", "inspect", str(d)]) == 2
-    _one_line(capsys.readouterr().err, d / "shard_0.hdf5", "next_sentence_labels")
+    one_line(capsys.readouterr().err, d / "shard_0.hdf5", "next_sentence_labels")
     assert main(["pack", "--in", str(d), "--out", str(tmp_path / "p")]) == 2
-    _one_line(capsys.readouterr().err, d / "shard_0.hdf5")
+    one_line(capsys.readouterr().err, d / "shard_0.hdf5")
 
 
 def test_a_full_disk_while_writing_shards_is_one_line_and_loses_nothing(corpus, built, monkeypatch, capsys):
@@ -156,7 +150,7 @@ def test_a_full_disk_while_writing_shards_is_one_line_and_loses_nothing(corpus, 
     docs, vocab = corpus
     capsys.readouterr()
     assert main(_shards_argv(docs, vocab, built, "--seed", "99")) == 2  # other settings: every shard rebuilt
-    _one_line(capsys.readouterr().err, "no space left", built)
+    one_line(capsys.readouterr().err, "no space left", built)
     assert calls["n"] == 1
     assert {p.name: p.read_bytes() for p in built.iterdir()} == before  # the earlier shards and manifest intact
     assert _hidden(built) == []  # neither the temporary shard nor the spill
@@ -211,7 +205,7 @@ def test_a_failed_data_shards_leaves_no_directory_and_no_spill(corpus, tmp_path,
     empty.write_text("\n\n")
     out = tmp_path / "new" / "shards"
     assert main(_shards_argv(empty.parent, vocab, out)) == 2
-    _one_line(capsys.readouterr().err, "empty")
+    one_line(capsys.readouterr().err, "empty")
     assert not (tmp_path / "new").exists()
 
 
@@ -219,7 +213,7 @@ def test_a_failed_prepare_and_docs_leave_no_directory(tmp_path, capsys):
     out = tmp_path / "prep"
     argv = ["data", "prepare", "--set", f"output_dir={out}", "--set", f"docs.source={tmp_path / 'missing.txt'}"]
     assert main(argv) == 2
-    _one_line(capsys.readouterr().err, "missing.txt")
+    one_line(capsys.readouterr().err, "missing.txt")
     assert not out.exists()
     assert main(["data", "docs", "--source", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "d")]) == 2
     assert not (tmp_path / "d").exists()
@@ -239,7 +233,7 @@ def test_inspect_plot_says_where_and_refuses_a_directory(built, tmp_path, capsys
     assert main(["data", "inspect", str(built), "--plot", str(png)]) == 0
     assert f"plot: wrote {png}" in capsys.readouterr().out and png.stat().st_size > 0
     assert main(["data", "inspect", str(built), "--plot", str(tmp_path)]) == 2
-    _one_line(capsys.readouterr().err, "--plot", "directory")
+    one_line(capsys.readouterr().err, "--plot", "directory")
     assert main(["data", "inspect", str(built), "--json", "--plot", str(png)]) == 0
     assert f"plot: wrote {png}" in capsys.readouterr().err
 
@@ -266,7 +260,7 @@ def test_a_full_disk_while_writing_document_shards_is_one_line_and_loses_nothing
     monkeypatch.setattr(documents.ShardWriter, "write", full_disk)
     capsys.readouterr()
     assert main([*argv[:-4], "--shards", "3", "--workers", "1"]) == 2  # other settings: rewritten
-    _one_line(capsys.readouterr().err, "no space left", out)
+    one_line(capsys.readouterr().err, "no space left", out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and _hidden(out) == []
 
 
@@ -277,11 +271,11 @@ def test_a_real_full_disk_while_writing_shards_is_one_line_without_h5py_noise(co
     capfd.readouterr()
     assert main(_shards_argv(big.parent, vocab, disk / "shards")) == 2
     err = capfd.readouterr().err
-    _one_line(err, "no space left", disk / "shards")
+    one_line(err, "no space left", disk / "shards")
     assert list(disk.iterdir()) == []  # no temporary shard, no spill, no empty directory
 
 
-def test_a_full_disk_while_pack_buckets_rows_is_one_line(built, tmp_path, monkeypatch, capsys):
+def test_a_full_disk_while_pack_buckets_rows_isone_line(built, tmp_path, monkeypatch, capsys):
     from bertforge.data import packing
 
     def full_disk(path, rows):
@@ -290,4 +284,4 @@ def test_a_full_disk_while_pack_buckets_rows_is_one_line(built, tmp_path, monkey
     monkeypatch.setattr(packing, "_append_bucket", full_disk)
     out = tmp_path / "packed"
     assert main(["pack", "--in", str(built), "--out", str(out)]) == 2
-    _one_line(capsys.readouterr().err, "no space left", out)
+    one_line(capsys.readouterr().err, "no space left", out)

@@ -8,17 +8,11 @@ import errno
 from pathlib import Path
 
 import pytest
+from tests.helpers import one_line
 
 from bertforge.cli import main
 from bertforge.errors import UserError
 from bertforge.runtime import io as rio
-
-
-def _one_line(e: pytest.ExceptionInfo, *parts: str) -> None:
-    msg = str(e.value)
-    assert "\n" not in msg, msg
-    for p in parts:
-        assert p in msg, (p, msg)
 
 
 def test_writable_dir_refuses_a_file_and_a_path_under_one(tmp_path):
@@ -26,10 +20,10 @@ def test_writable_dir_refuses_a_file_and_a_path_under_one(tmp_path):
     f.write_text("mine")
     with pytest.raises(UserError) as e:
         rio.writable_dir(f, "train.output_dir")
-    _one_line(e, f"output directory {f} is a file", "choose another train.output_dir")
+    one_line(str(e.value), f"output directory {f} is a file", "choose another train.output_dir")
     with pytest.raises(UserError) as e:
         rio.writable_dir(f / "run", "--out")
-    _one_line(e, f"output directory {f / 'run'} is not writable (Not a directory)", "choose another --out")
+    one_line(str(e.value), f"output directory {f / 'run'} is not writable (Not a directory)", "choose another --out")
     assert f.read_text() == "mine"
     assert rio.writable_dir(tmp_path / "a" / "b", "x").is_dir() and list((tmp_path / "a" / "b").iterdir()) == []
 
@@ -37,7 +31,7 @@ def test_writable_dir_refuses_a_file_and_a_path_under_one(tmp_path):
 def test_writable_file_refuses_a_directory(tmp_path):
     with pytest.raises(UserError) as e:
         rio.writable_file(tmp_path, "--json-summary")
-    _one_line(e, f"--json-summary {tmp_path} is a directory")
+    one_line(str(e.value), f"--json-summary {tmp_path} is a directory")
 
 
 def test_a_read_only_filesystem_is_one_line_and_the_clean_up_does_not_mask_it(tmp_path, monkeypatch):
@@ -49,10 +43,10 @@ def test_a_read_only_filesystem_is_one_line_and_the_clean_up_does_not_mask_it(tm
     monkeypatch.setattr(Path, "mkdir", read_only)
     with pytest.raises(UserError) as e, rio.atomic_dir(tmp_path / "export"):
         pytest.fail("the body must not run")
-    _one_line(e, f"cannot write {tmp_path / 'export'} (Read-only file system)", "choose a writable path")
+    one_line(str(e.value), f"cannot write {tmp_path / 'export'} (Read-only file system)", "choose a writable path")
     with pytest.raises(UserError) as e:
         rio.writable_dir(tmp_path / "ro" / "pt", "train.output_dir")
-    _one_line(e, "is not writable (Read-only file system); choose another train.output_dir")
+    one_line(str(e.value), "is not writable (Read-only file system); choose another train.output_dir")
 
 
 def test_atomic_path_under_a_file_is_one_line_and_reading_errors_stay_as_they_are(tmp_path):
@@ -60,7 +54,7 @@ def test_atomic_path_under_a_file_is_one_line_and_reading_errors_stay_as_they_ar
     f.write_text("mine")
     with pytest.raises(UserError) as e:
         rio.write_text(f / "x.json", "{}")
-    _one_line(e, f"cannot write {f / 'x.json'} (Not a directory)")
+    one_line(str(e.value), f"cannot write {f / 'x.json'} (Not a directory)")
     with pytest.raises(FileNotFoundError), rio.atomic_path(tmp_path / "out.txt"):
         (tmp_path / "missing-input").read_text()  # an input's error is not the output's
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import h5py
 import pytest
+from tests.helpers import one_line
 
 from bertforge.cli import main
 
@@ -25,14 +26,6 @@ def _edit(path, key, fn) -> None:
             h.create_dataset(key, data=a)
 
 
-def _one_line(capsys, *parts: str) -> None:
-    # the fixture's shards have no manifest: a warning says so, the error is the one other line
-    err = "\n".join(x for x in capsys.readouterr().err.splitlines() if not x.startswith("warning: "))
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for p in parts:
-        assert p in err, (p, err)
-
-
 @pytest.mark.parametrize(
     ("key", "fn", "parts"),
     [
@@ -44,19 +37,19 @@ def _one_line(capsys, *parts: str) -> None:
 )
 def test_malformed_shards_fail_before_the_first_step(shards, overrides, tmp_path, capsys, key, fn, parts):
     _edit(shards / "shard_0.hdf5", key, fn)
-    assert _pretrain(overrides, shards, tmp_path / "run") == 2
-    _one_line(capsys, "bertforge pretrain: error: shard", "shard_0.hdf5", *parts)
-    assert not (tmp_path / "run").exists()  # a failed start leaves nothing behind
+    assert _pretrain(overrides, shards, tmp_path / "new" / "run") == 2
+    one_line(capsys.readouterr().err, "bertforge pretrain: error: shard", "shard_0.hdf5", *parts)
+    assert not (tmp_path / "new").exists()  # a failed start leaves nothing behind, nor the parent it made
 
 
 def test_a_bad_row_met_by_a_loader_worker_is_one_line(shards, overrides, tmp_path, capsys):
     _edit(shards / "shard_3.hdf5", "masked_lm_positions", lambda a: a + 32)  # past the start-up sample
     assert _pretrain(overrides, shards, tmp_path / "run", **{"data.num_workers": 1, "train.max_steps": 40}) == 2
-    _one_line(capsys, "shard", "shard_3.hdf5 row", "masked_lm_positions holds")
+    one_line(capsys.readouterr().err, "shard", "shard_3.hdf5 row", "masked_lm_positions holds")
 
 
 def test_bad_eval_shards_fail_before_the_first_step(shards, overrides, tmp_path, capsys):
     held_out = Path(shutil.copytree(shards, tmp_path / "eval"))
     _edit(held_out / "shard_0.hdf5", "input_ids", lambda a: a + 64)
     assert _pretrain(overrides, shards, tmp_path / "run", **{"data.eval_dir": str(held_out)}) == 2
-    _one_line(capsys, f"{held_out / 'shard_0.hdf5'} row 0: input_ids holds")
+    one_line(capsys.readouterr().err, f"{held_out / 'shard_0.hdf5'} row 0: input_ids holds")

@@ -12,6 +12,7 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
+from tests.helpers import one_line
 
 from bertforge.cli import main
 from bertforge.train import checkpoint as ckpt
@@ -19,14 +20,6 @@ from bertforge.train import checkpoint as ckpt
 
 def _argv(overrides, shards: Path, out: Path, *flags: str, **extra) -> list[str]:
     return ["pretrain", *[f"--set={s}" for s in overrides(shards, out, **extra)], *flags]
-
-
-def _one_line(err: str, *names: object) -> str:
-    lines = [x for x in err.strip().splitlines() if not x.startswith("warning: ")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for n in names:
-        assert str(n) in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def _vocab(path: Path, words: list[str]) -> Path:
@@ -43,7 +36,7 @@ def test_a_data_vocab_other_than_the_shards_is_refused_at_start_up(shards, tmp_p
     out = tmp_path / "run"
     capsys.readouterr()
     assert main(_argv(overrides, shards, out, **{"data.vocab": other, "train.max_steps": 1})) == 2
-    _one_line(capsys.readouterr().err, other, built_with, "data.vocab")
+    one_line(capsys.readouterr().err, other, built_with, "data.vocab")
     assert not out.exists()  # refused before step 1: the directory this run created is gone again
     assert main(_argv(overrides, shards, tmp_path / "ok", **{"data.vocab": built_with, "train.max_steps": 1})) == 0
     saved = ckpt.latest_checkpoint(tmp_path / "ok" / "checkpoints")
@@ -65,7 +58,7 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
     for key, value in changes.items():
         capsys.readouterr()
         assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 3, key: value})) == 2, key
-        line = _one_line(capsys.readouterr().err, "--resume", key, "--allow-changed")
+        line = one_line(capsys.readouterr().err, "--resume", key, "--allow-changed")
         assert f"-> {value}" in line
     assert main(_argv(overrides, other, out, "--resume", **{"train.max_steps": 3})) == 0
     moved = tmp_path / "moved"
@@ -73,9 +66,9 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
     for p in shards.iterdir():
         (moved / p.name).write_bytes(p.read_bytes())
     assert main(_argv(overrides, moved, out, "--resume", **{"train.max_steps": 3})) == 2
-    _one_line(capsys.readouterr().err, "data.input_dir", moved)
+    one_line(capsys.readouterr().err, "data.input_dir", moved)
     assert main(_argv(overrides, shards, out, "--allow-changed", **{"train.max_steps": 3})) == 2  # needs --resume
-    _one_line(capsys.readouterr().err, "--allow-changed", "--resume")
+    one_line(capsys.readouterr().err, "--allow-changed", "--resume")
     argv = _argv(overrides, shards, out, "--resume", "--allow-changed", **{"train.max_steps": 6, "optim.lr": 0.002})
     assert main(argv) == 0
     assert "--allow-changed: resuming" in capsys.readouterr().out
@@ -95,7 +88,7 @@ def test_a_damaged_shard_is_one_line_in_pretrain(shards, tmp_path, overrides, ca
     for p in shards.glob("*.hdf5"):
         _flip_chunk(p)
     assert main(_argv(overrides, shards, tmp_path / "run", **{"data.num_workers": workers})) == 2
-    _one_line(capsys.readouterr().err, "shard", str(shards), "corrupt")
+    one_line(capsys.readouterr().err, "shard", str(shards), "corrupt")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
@@ -107,10 +100,10 @@ def test_a_damaged_model_safetensors_is_one_line_in_resume_and_export(shards, tm
     weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x07garbage" * 50)
     capsys.readouterr()
     assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 6})) == 2
-    _one_line(capsys.readouterr().err, weights, "safetensors")
+    one_line(capsys.readouterr().err, weights, "safetensors")
     model_dir = weights.parent
     assert main(["export", "--model", str(model_dir), "--format", "hf", "--out", str(tmp_path / "exp")]) == 2
-    _one_line(capsys.readouterr().err, weights, "safetensors")
+    one_line(capsys.readouterr().err, weights, "safetensors")
     from bertforge.errors import UserError
     from bertforge.model.hf_interop import load_pretrained
 
@@ -132,7 +125,7 @@ def test_a_full_disk_while_saving_a_checkpoint_keeps_the_earlier_one(shards, tmp
 
     monkeypatch.setattr(ckpt.torch, "save", fills_on_the_second_save)
     assert main(_argv(overrides, shards, out, **{"train.max_steps": 6, "train.save_every": 3})) == 2
-    _one_line(capsys.readouterr().err, "no space left", out / "checkpoints")
+    one_line(capsys.readouterr().err, "no space left", out / "checkpoints")
     monkeypatch.setattr(ckpt.torch, "save", real_save)
     kept = ckpt.latest_checkpoint(out / "checkpoints")
     assert kept.step == 3 and kept.load_state()["train_state"]["step"] == 3
@@ -145,7 +138,7 @@ def test_a_real_full_disk_while_saving_keeps_the_earlier_checkpoint(shards, over
     argv = _argv(overrides, shards, out, **{"train.max_steps": 30, "train.save_every": 3, "train.keep_last": 9})
     capfd.readouterr()
     assert main(argv) == 2
-    _one_line(capfd.readouterr().err, "no space left", out / "checkpoints" / "step_00000006")
+    one_line(capfd.readouterr().err, "no space left", out / "checkpoints" / "step_00000006")
     kept = ckpt.latest_checkpoint(out / "checkpoints")
     assert kept.step == 3 and kept.load_state()["train_state"]["step"] == 3
     assert [p.name for p in (out / "checkpoints").iterdir()] == [kept.path.name]

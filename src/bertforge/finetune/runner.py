@@ -51,7 +51,7 @@ from bertforge.runtime import distributed as D
 from bertforge.runtime.choices import apply_model_choices
 from bertforge.runtime.io import output_dir, write_text
 from bertforge.runtime.metrics import MetricsLogger
-from bertforge.runtime.preempt import Preempted, Preemption
+from bertforge.runtime.preempt import Preemption
 from bertforge.runtime.progress import Progress
 from bertforge.runtime.step import TrainStep, set_lr, train_step, wants_segments
 
@@ -707,18 +707,11 @@ def _run_dir(out: Path) -> Iterator[None]:
     if not D.env_info().is_main:  # only rank 0 writes there
         yield
         return
-    fresh = not out.exists()
-    with output_dir(out, "train.output_dir"):  # removes the directories it created when they are empty
-        try:
-            yield
-        except Preempted:
-            raise
-        except BaseException:
-            if fresh:  # with no step logged it holds only empty logs (metrics.jsonl, tensorboard/): remove it
-                from bertforge.train.loop import remove_unstarted
+    from bertforge.train.loop import unstarted_removed
 
-                remove_unstarted(out)
-            raise
+    # unstarted_removed first: it must see which directories output_dir creates
+    with unstarted_removed(out), output_dir(out, "train.output_dir"):
+        yield
 
 
 class _Printer:

@@ -75,37 +75,33 @@ def pretrain_run(args: argparse.Namespace) -> int:
     from bertforge.runtime import distributed
     from bertforge.runtime.io import writable_dir, writable_file
     from bertforge.runtime.preempt import Preempted
-    from bertforge.train.loop import check_output_dir, remove_unstarted, run_pretrain
+    from bertforge.train.loop import check_output_dir, run_pretrain, unstarted_removed
 
     if args.allow_changed and not args.resume:
         raise UserError("--allow-changed only applies with --resume (it accepts a changed config on resuming)")
     info = distributed.env_info()
     # before config.yaml is rewritten: an earlier run's directory is refused untouched
     check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, info.is_main)
-    fresh = not Path(cfg.train.output_dir).exists()
-    if info.is_main:
-        # every output path now, before the model is built: not a traceback at the first write
-        if args.json_summary:
-            writable_file(args.json_summary, "--json-summary")
-        writable_dir(cfg.train.output_dir, "train.output_dir")
-        save_config(cfg, Path(cfg.train.output_dir) / "config.yaml")
     try:
-        summary = run_pretrain(
-            cfg,
-            resume=args.resume,
-            json_summary=args.json_summary,
-            profile_steps=args.profile,
-            overwrite=args.overwrite,
-            allow_changed=args.allow_changed,
-        )
+        with unstarted_removed(cfg.train.output_dir, info.is_main):
+            if info.is_main:
+                # every output path now, before the model is built: not a traceback at the first write
+                if args.json_summary:
+                    writable_file(args.json_summary, "--json-summary")
+                writable_dir(cfg.train.output_dir, "train.output_dir")
+                save_config(cfg, Path(cfg.train.output_dir) / "config.yaml")
+            summary = run_pretrain(
+                cfg,
+                resume=args.resume,
+                json_summary=args.json_summary,
+                profile_steps=args.profile,
+                overwrite=args.overwrite,
+                allow_changed=args.allow_changed,
+            )
     except Preempted as e:
         if info.is_main:
             print(f"bertforge pretrain: {e}", file=sys.stderr, flush=True)
         return e.exit_code
-    except Exception:
-        if fresh and info.is_main:
-            remove_unstarted(cfg.train.output_dir)
-        raise
     finally:
         distributed.cleanup()
     if info.is_main:

@@ -45,7 +45,7 @@ from bertforge.runtime import fp8
 from bertforge.runtime.choices import apply_model_choices
 from bertforge.runtime.io import write_text
 from bertforge.runtime.metrics import MetricsLogger, read_jsonl
-from bertforge.runtime.preempt import Preemption
+from bertforge.runtime.preempt import Preempted, Preemption
 from bertforge.runtime.profile import PowerSampler, StepProfiler, StepTimeline, format_parts
 from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step, wants_segments
 from bertforge.train import checkpoint as ckpt
@@ -256,12 +256,25 @@ def holds_run(out: Path) -> bool:
     return ckpt.latest_checkpoint(out / "checkpoints") is not None or (metrics.is_file() and metrics.stat().st_size > 0)
 
 
-def remove_unstarted(output_dir: str | Path) -> None:
-    """After a run that failed before its first logged step in an output_dir it created: remove the directory
-    (config.yaml and empty logs), so a failed start leaves nothing behind and the re-run is not refused."""
+@contextlib.contextmanager
+def unstarted_removed(output_dir: str | Path, is_main: bool = True) -> Iterator[None]:
+    """Around a run (pre-training or fine-tuning) in `output_dir`: if the run fails before its first logged step
+    in an output_dir it created, remove the directory (config.yaml and empty logs), so a failed start leaves
+    nothing behind and the re-run is not refused. A stop on a signal (`Preempted`) keeps what it saved; only
+    rank 0 removes, and with the directory the parents the run created for it, when they are left empty."""
     out = Path(output_dir)
-    if out.is_dir() and not holds_run(out):
-        shutil.rmtree(out, ignore_errors=True)
+    created = [p for p in (out, *out.parents) if not p.exists()] if is_main else []
+    try:
+        yield
+    except Preempted:
+        raise
+    except BaseException:
+        if created and out.is_dir() and not holds_run(out):
+            shutil.rmtree(out, ignore_errors=True)
+            for p in created[1:]:  # deepest first
+                with contextlib.suppress(OSError):
+                    p.rmdir()  # only when empty
+        raise
 
 
 def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool, is_main: bool = True) -> None:
