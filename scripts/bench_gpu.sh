@@ -9,15 +9,17 @@
 #             than MARGIN seconds (default 150: about the longest single entry) are left
 # EARLIER_DIR OUT_DIR of an earlier call, copied back: its reports' finished entries are kept (`bertforge bench
 #             --resume`) and only the rest is measured; its curves are restored
-# STEP        tests, accept, profile, levers, loop, data, curve (default: these, in this order), long, or a spec name;
+# STEP        accept, tests, profile, levers, loop, data, curve (default: these, in this order), long, or a spec name;
 #             SPEC:A,B runs only the spec's entries whose names contain A or B (`bench --only`)
-#   tests    the CUDA tests: compiled step, CUDA graphs (with accumulation, and layer by layer), bf16 LayerNorm, compiled LAMB,
-#            FP8, step parts, pinned loaders, varlen (attention dropout in the kernel, the segmented layout)
-#   accept   issue 19's acceptance first: the HF baselines, the loop vs its isolated step, the best candidate
-#            for each target (best_*: every lever on, packed, LayerNorms in bf16, 4 micro-batches per update),
-#            then the levers they combine (CUDA graphs, compiled around the varlen kernel, packed phase 2; CUDA
-#            graphs with 4 micro-batches per update, and compiled layer by layer: lever_cudagraphs_accum4_*,
-#            lever_cudagraphs_layers_*)
+#   accept   issue 19's acceptance first: the best candidate for each target (best_*: every lever on, packed,
+#            LayerNorms in bf16, 4 micro-batches per update; first in the spec), the HF baselines, the loop vs its
+#            isolated step, then the levers they combine (CUDA graphs, compiled around the varlen kernel, packed
+#            phase 2; CUDA graphs with 4 micro-batches per update, and compiled layer by layer:
+#            lever_cudagraphs_accum4_*, lever_cudagraphs_layers_*). One 560-second call measures about the
+#            best_* entries and the baselines (each loop entry takes 60-150 s, most of it compiling)
+#   tests    the CUDA tests: compiled step, CUDA graphs (with accumulation, and layer by layer), bf16 LayerNorm,
+#            compiled LAMB, FP8, step parts, pinned loaders, varlen (attention dropout in the kernel, the
+#            segmented layout)
 #   profile  `bertforge pretrain --profile 10`, BERT-large and -base phase 1 compiled: top kernels and the
 #            step's parts (forward, backward, clip, optimizer, between) into the log
 #   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, the segmented layout,
@@ -45,7 +47,7 @@ seconds=${2:?$usage}
 earlier=${3:-}
 shift $(($# < 3 ? $# : 3))
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests accept profile levers loop data curve)
+[ ${#steps[@]} -eq 0 ] && steps=(accept tests profile levers loop data curve)
 margin=${MARGIN:-150}
 end=$((SECONDS + seconds))
 corpus=${CORPUS:-$([ -d .carry/corpus ] && echo .carry/corpus || echo ../shared/corpus)}
