@@ -62,6 +62,37 @@ def test_pretrain_refuses_an_earlier_run_and_overwrite_starts_afresh(shards, tmp
         run_pretrain(load_config("pretrain", None, overrides(shards, out)))
 
 
+def test_a_refused_start_leaves_the_earlier_run_and_its_config_as_they_were(shards, tmp_path, overrides, capsys):
+    """--overwrite deletes only once the new run's inputs have passed their checks; a refused --resume does not
+    rewrite config.yaml with the config it refused."""
+    out = tmp_path / "run"
+    argv = ["pretrain", *[f"--set={s}" for s in overrides(shards, out, **{"train.max_steps": 3})]]
+    assert main(argv) == 0
+    config, metrics = (out / "config.yaml").read_text(), (out / "metrics.jsonl").read_text()
+    saved = ckpt.latest_checkpoint(out / "checkpoints").path
+    capsys.readouterr()
+    assert main([*argv, f"--set=data.eval_dir={tmp_path / 'nope'}", "--overwrite"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main([*argv, "--set=optim.lr=0.5", "--resume"]) == 2
+    assert "optim.lr" in capsys.readouterr().err
+    assert (out / "config.yaml").read_text() == config and (out / "metrics.jsonl").read_text() == metrics
+    assert ckpt.latest_checkpoint(out / "checkpoints").path == saved
+
+
+def test_checkpoints_and_the_summary_count_the_steps_between_log_lines(shards, tmp_path, overrides):
+    """Sequences and tokens are exact in a checkpoint saved between two log lines, and after a stop there
+    (train.stop_after_steps) and a resume, as in the uninterrupted run."""
+    every = {"train.log_every": 4, "train.save_every": 3}
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    whole = run_pretrain(load_config("pretrain", None, overrides(shards, full, **every)))
+    assert whole["sequences"] == 6 * 8
+    meta = json.loads((full / "checkpoints" / "step_00000003" / "meta.json").read_text())
+    assert meta["sequences"] == 3 * 8
+    run_pretrain(load_config("pretrain", None, overrides(shards, cut, **every, **{"train.stop_after_steps": 3})))
+    resumed = run_pretrain(load_config("pretrain", None, overrides(shards, cut, **every)), resume=True)
+    assert (resumed["sequences"], resumed["tokens"]) == (whole["sequences"], whole["tokens"])
+
+
 def test_resume_of_a_finished_run_keeps_the_summary(shards, tmp_path, overrides):
     out = tmp_path / "run"
     cfg = load_config("pretrain", None, overrides(shards, out))

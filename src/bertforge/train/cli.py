@@ -55,7 +55,7 @@ def pretrain_add(p: argparse.ArgumentParser) -> None:
 
 def pretrain_run(args: argparse.Namespace) -> int:
     # local: bertforge.config loads yaml; `bertforge --help` imports this module
-    from bertforge.config import describe, load_config, save_config
+    from bertforge.config import describe, load_config
     from bertforge.train.config import PretrainConfig
 
     if args.list_keys:
@@ -70,7 +70,6 @@ def pretrain_run(args: argparse.Namespace) -> int:
 
         yaml.safe_dump(to_dict(cfg), sys.stdout, sort_keys=False)
         return 0
-    from pathlib import Path
 
     from bertforge.runtime import distributed
     from bertforge.runtime.io import writable_dir, writable_file
@@ -80,8 +79,8 @@ def pretrain_run(args: argparse.Namespace) -> int:
     if args.allow_changed and not args.resume:
         raise UserError("--allow-changed only applies with --resume (it accepts a changed config on resuming)")
     info = distributed.env_info()
-    # before config.yaml is rewritten: an earlier run's directory is refused untouched
-    check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, info.is_main)
+    # an earlier run's directory is refused before anything is written (run_pretrain checks it too)
+    check_output_dir(cfg.train.output_dir, args.resume, args.overwrite)
     try:
         with unstarted_removed(cfg.train.output_dir, info.is_main):
             if info.is_main:
@@ -89,7 +88,6 @@ def pretrain_run(args: argparse.Namespace) -> int:
                 if args.json_summary:
                     writable_file(args.json_summary, "--json-summary")
                 writable_dir(cfg.train.output_dir, "train.output_dir")
-                save_config(cfg, Path(cfg.train.output_dir) / "config.yaml")
             summary = run_pretrain(
                 cfg,
                 resume=args.resume,

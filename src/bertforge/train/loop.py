@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bertforge import device as dev
-from bertforge.config import compile_keys, compile_mode, compile_notice
+from bertforge.config import compile_keys, compile_mode, compile_notice, save_config
 from bertforge.data import synthetic
 from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides, with_segments
 from bertforge.data.shardset import ShardSet
@@ -277,24 +277,34 @@ def unstarted_removed(output_dir: str | Path, is_main: bool = True) -> Iterator[
         raise
 
 
-def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool, is_main: bool = True) -> None:
-    """Refuse an output_dir holding an earlier run unless `resume` or `overwrite`; `overwrite` deletes that
-    run's outputs (rank 0), so nothing of it is mistaken for this run's."""
+def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
+    """Refuse an output_dir holding an earlier run unless `resume` or `overwrite` (carried out by
+    `claim_output_dir` once every input has passed its checks)."""
     out = Path(output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in train.output_dir, --overwrite deletes it: pass one of them")
-    if not holds_run(out) or resume:
-        return
-    if not overwrite:
+    if holds_run(out) and not (resume or overwrite):
         raise UserError(
             f"train.output_dir {out} holds an earlier run (checkpoints or metrics.jsonl); pass --resume to "
             "continue it, --overwrite to delete it and start afresh, or choose another train.output_dir"
         )
-    if is_main:
+
+
+def claim_output_dir(cfg: PretrainConfig, overwrite: bool, resumed_step: int | None) -> None:
+    """Rank 0, once the data, vocab, model and checkpoint have passed their checks: delete an earlier run
+    (`overwrite`: nothing of it is mistaken for this run's), drop metrics.jsonl rows past the resumed
+    checkpoint's step, write config.yaml. Nothing in output_dir changes before this, so a refused start
+    leaves an earlier run as it was."""
+    out = Path(cfg.train.output_dir)
+    if overwrite and holds_run(out):
         gone = [n for n in RUN_OUTPUTS if (out / n).exists()]
         for name in gone:
             shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
         print(f"--overwrite: deleted the earlier run's {', '.join(gone)} in {out}", flush=True)
+    if resumed_step is not None and (n := trim_metrics(out / "metrics.jsonl", resumed_step)):
+        print(f"metrics.jsonl: dropped {n} rows after the checkpoint's step; those steps run again", flush=True)
+    out.mkdir(parents=True, exist_ok=True)  # the CLI has made it; a caller of run_pretrain may not have
+    save_config(cfg, out / "config.yaml")
 
 
 def trim_metrics(path: Path, global_step: int) -> int:
@@ -443,6 +453,7 @@ def setup(
     json_summary: str | None = None,
     save_hook: Callable[[Path], None] | None = None,
     allow_changed: bool = False,
+    overwrite: bool = False,
 ) -> Run:
     """Device, model, optimizer, restored state, the compiled step, the data and the logger. Everything the
     files record (shards, vocab, the checkpoint's config) is checked before the model is built."""
@@ -465,8 +476,6 @@ def setup(
     state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
     if not resumed:
         torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
-    elif info.is_main and (n := trim_metrics(Path(t.output_dir) / "metrics.jsonl", state.phase_offset + state.step)):
-        _log0(info, f"metrics.jsonl: dropped {n} rows after the checkpoint's step; those steps run again")
     # DDP wraps the restored model (it broadcasts rank 0's weights); compile wraps DDP
     step = TrainStep.build(
         model,
@@ -484,6 +493,8 @@ def setup(
     packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
     loader.segments = wants_segments(device, t.attention, packed, fixed=bool(compile_mode(t)) or t.fp8)
     check_fits(loader, shards, bert_cfg, cfg.data.eval_dir)
+    if info.is_main:
+        claim_output_dir(cfg, overwrite, state.phase_offset + state.step if resumed else None)
     # steps are logged run-wide (a phase 2 goes on from phase 1's count), so the total is too: "step 7040/8601"
     total = state.phase_offset + t.max_steps
     logger = MetricsLogger(
@@ -573,9 +584,11 @@ def _announce(run: Run) -> None:
 
 
 # ------------------------------------------------------------------------------------------ eval, save
-def save(run: Run) -> ckpt.Checkpoint | None:
-    """A checkpoint of the whole state (rank 0 writes, every rank's RNG included)."""
+def save(run: Run, window: _Window) -> ckpt.Checkpoint | None:
+    """A checkpoint of the whole state (rank 0 writes, every rank's RNG included); the sequences and tokens of
+    steps not yet logged are counted first, so the checkpoint's totals are exact whatever log_every is."""
     state = run.state
+    window.settle(run.info, state)
     state.train_seconds = run.train_seconds
     rngs = _gather_rng(run.device)
     saved = None
@@ -669,7 +682,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
             window.skipped += 1
             nonfinite_run += 1
             if nonfinite_run >= t.max_nonfinite_steps:
-                _stop_nonfinite(run, nonfinite_run)
+                _stop_nonfinite(run, window, nonfinite_run)
             continue
         t_pause = time.perf_counter()  # eval and checkpoint time stays out of the throughput window
         if state.step % t.log_every == 0 or state.step == t.max_steps:
@@ -679,13 +692,13 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
             run.logger.log(state.phase_offset + state.step, eval_metrics)
             last_eval = state.step
         if t.save_every and (state.step % t.save_every == 0 or state.step == t.max_steps):
-            save(run)
+            save(run, window)
             last_saved = state.step
         if preempt is not None and preempt.agreed(run.device):
             _stop_preempted(run, preempt, window, lr, last_saved)
         window.t0 += time.perf_counter() - t_pause
     if t.save_every and last_saved != state.step:
-        save(run)
+        save(run, window)
     if run.cfg.data.eval_dir and last_eval != state.step:
         eval_metrics = evaluate_run(run)
     if prof is not None:
@@ -720,8 +733,8 @@ def _log_window(run: Run, window: _Window, lr: float) -> None:
     run.logger.log(run.state.phase_offset + run.state.step, {**metrics, "step_in_phase": run.state.step})
 
 
-def _stop_nonfinite(run: Run, count: int) -> None:
-    saved = save(run)
+def _stop_nonfinite(run: Run, window: _Window, count: int) -> None:
+    saved = save(run, window)
     scaler = run.step.scaler
     raise UserError(
         f"{count} non-finite gradient steps in a row at step {run.state.step} ({run.precision}"
@@ -735,7 +748,7 @@ def _stop_preempted(run: Run, preempt: Preemption, window: _Window, lr: float, l
     """Log the open window (the saved counters include its sequences), save unless this step just was, raise."""
     if window.updates:
         _log_window(run, window, lr)
-    saved = save(run) if last_saved != run.state.step else ckpt.latest_checkpoint(run.ckpt_root)
+    saved = save(run, window) if last_saved != run.state.step else ckpt.latest_checkpoint(run.ckpt_root)
     run.logger.close()
     if run.power is not None:
         run.power.close()
@@ -764,6 +777,7 @@ def _last_values(run: Run, window: _Window) -> dict[str, Any]:
 
 def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[str, Any]:
     state = run.state
+    window.settle(run.info, state)  # a run that stops between two log lines (train.stop_after_steps)
     final = ckpt.latest_checkpoint(run.ckpt_root)
     summary = {
         "phase": state.phase,
@@ -802,9 +816,9 @@ def run_pretrain(
     `overwrite`: delete an earlier run in train.output_dir instead of refusing it (see `check_output_dir`);
     `allow_changed`: resume although RESUME_KEYS differ from the checkpoint's (see `check_resume`).
     Raises `runtime.preempt.Preempted` after saving when SIGTERM or SIGINT arrives."""
-    check_output_dir(cfg.train.output_dir, resume, overwrite, ddp.env_info().is_main)
+    check_output_dir(cfg.train.output_dir, resume, overwrite)
     with Preemption() as preempt:
-        run = setup(cfg, resume, json_summary, _save_hook, allow_changed)
+        run = setup(cfg, resume, json_summary, _save_hook, allow_changed, overwrite)
         with dev.reproducible_compiled_step(run.device, cfg.train.compile):
             return train(run, profile_steps, preempt)
 
@@ -825,6 +839,7 @@ class _Window:
         self.updates = self.skipped = 0
         self.data_wait = 0.0
         self.t0 = time.perf_counter()
+        self.counted = (0, 0)  # sequences and tokens of this window already in TrainState (`settle`)
 
     def timed(self, batches: Iterator[dict[str, torch.Tensor]], n: int) -> Iterator[dict[str, torch.Tensor]]:
         """The next n micro-batches, the time spent waiting for each added to data_wait."""
@@ -848,6 +863,19 @@ class _Window:
             ]
         )
 
+    def settle(self, info: ddp.DistInfo, state: TrainState) -> None:
+        """Add the window's sequences and tokens (all ranks) not yet counted to `state`, between log lines: a
+        checkpoint or the summary must hold exact totals. A collective: every rank calls it."""
+        totals = self.sums[6:8].clone()
+        ddp.all_reduce_sum(totals)
+        sequences, tokens = (int(x) for x in totals.tolist())
+        self._count(state, sequences, tokens)
+
+    def _count(self, state: TrainState, sequences: int, tokens: int) -> None:
+        state.sequences += sequences - self.counted[0]
+        state.tokens += tokens - self.counted[1]
+        self.counted = (sequences, tokens)
+
     def flush(self, info: ddp.DistInfo, global_batch: int, lr: float, state: TrainState) -> dict[str, float]:
         dev.synchronize(self.device)
         elapsed = time.perf_counter() - self.t0
@@ -860,8 +888,7 @@ class _Window:
         )
         ddp.all_reduce_sum(packed)
         s = packed.tolist()
-        state.sequences += int(s[6])
-        state.tokens += int(s[7])
+        self._count(state, int(s[6]), int(s[7]))
         metrics = {
             "loss": s[0] / max(s[1], 1),
             "mlm_acc": s[2] / max(s[3], 1),
