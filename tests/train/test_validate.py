@@ -50,6 +50,9 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
     other.symlink_to(shards)  # the same files under another name: not a change
     changes = {
         "train.global_batch_size": 16,
+        "train.micro_batch_size": 2,
+        "train.seed": 7,
+        "data.chunk_rows": 16,
         "optim.lr": 0.002,
         "optim.warmup": 0.5,
         "optim.schedule": "linear",
@@ -73,6 +76,30 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
     assert main(argv) == 0
     assert "--allow-changed: resuming" in capsys.readouterr().out
     assert ckpt.latest_checkpoint(out / "checkpoints").step == 6
+
+
+def test_another_optimizer_is_refused_on_resume_and_starts_afresh_in_a_new_phase(shards, tmp_path, overrides, capsys):
+    """LAMB's saved moments cannot become AdamW's: --resume refuses the change (even --allow-changed), a phase
+    from train.init_checkpoint loads the weights and starts the optimizer afresh, both ways."""
+    lamb, adamw = tmp_path / "lamb", tmp_path / "adamw"
+    assert main(_argv(overrides, shards, lamb, **{"train.max_steps": 4, "train.stop_after_steps": 3})) == 0
+    for flags in (("--resume",), ("--resume", "--allow-changed")):
+        capsys.readouterr()
+        assert main(_argv(overrides, shards, lamb, *flags, **{"train.max_steps": 4, "optim.name": "adamw"})) == 2
+        one_line(capsys.readouterr().err, "--resume", "lamb", "optim.name=lamb", "train.init_checkpoint")
+    phase2 = {"train.max_steps": 2, "train.init_checkpoint": lamb, "optim.name": "adamw"}
+    assert main(_argv(overrides, shards, adamw, **phase2)) == 0
+    assert "weights loaded; its lamb moments not (adamw starts afresh)" in capsys.readouterr().out
+    back = {"train.max_steps": 2, "train.init_checkpoint": adamw, "optim.name": "lamb"}
+    assert main(_argv(overrides, shards, tmp_path / "lamb2", **back)) == 0
+
+
+def test_synthetic_ids_beyond_the_models_vocab_are_refused_at_start_up(tmp_path, overrides, capsys):
+    out = tmp_path / "run"
+    synthetic = {"data.input_dir": "synthetic", "data.synthetic_seq_len": 32, "data.synthetic_max_pred": 5}
+    assert main(_argv(overrides, tmp_path, out, **synthetic, **{"data.synthetic_vocab_size": 1000})) == 2
+    one_line(capsys.readouterr().err, "data.synthetic_vocab_size 1000", "vocab of 64", "data.synthetic_vocab_size=64")
+    assert not out.exists()
 
 
 def _flip_chunk(path: Path, dataset: str = "input_ids") -> None:

@@ -32,8 +32,9 @@ def pretrain_add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-changed",
         action="store_true",
-        help="with --resume: continue although the global batch, data.input_dir or the schedule (optim.lr, "
-        "optim.warmup, optim.schedule, train.max_steps) differ from the checkpoint's run (refused without it)",
+        help="with --resume: continue although the data order (global or micro batch, train.seed, data.input_dir, "
+        "data.chunk_rows) or the schedule (optim.lr, optim.warmup, optim.schedule, train.max_steps) differ from "
+        "the checkpoint's run (refused without it)",
     )
     p.add_argument(
         "--json-summary",

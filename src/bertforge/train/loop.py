@@ -155,6 +155,12 @@ def check_fits(loader, shards: ShardSet | None, bert_cfg, eval_dir: str | None =
     sample of the eval shards' rows too (their seq_len and vocab were checked against the training shards')."""
     if shards is not None:
         shards.check_model(bert_cfg.vocab_size, bert_cfg.max_position_embeddings)
+    elif loader.vocab_size > bert_cfg.vocab_size:
+        raise UserError(
+            f"data.synthetic_vocab_size {loader.vocab_size} is larger than the model's vocab of "
+            f"{bert_cfg.vocab_size} (data.vocab / model.vocab_size): its token ids would fall outside the "
+            f"embedding; set data.synthetic_vocab_size={bert_cfg.vocab_size}"
+        )
     elif loader.seq_len > bert_cfg.max_position_embeddings:
         raise UserError(
             f"data.synthetic_seq_len {loader.seq_len} is longer than model.max_position_embeddings "
@@ -377,13 +383,17 @@ def build_model_for(cfg: PretrainConfig, bert_cfg) -> tuple[torch.nn.Module, Any
 
 RESUME_KEYS = (
     "train.global_batch_size",
+    "train.micro_batch_size",
+    "train.seed",
     "data.input_dir",
+    "data.chunk_rows",
     "optim.lr",
     "optim.warmup",
     "optim.schedule",
     "train.max_steps",
 )
-"""What --resume must share with the checkpoint's run: the data order (batch, shards) and the schedule."""
+"""What --resume must share with the checkpoint's run: the data order (the loader's lanes are global / micro
+batch, its shuffles follow the seed and chunk_rows; the shards) and the schedule."""
 
 
 def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: bool, info: ddp.DistInfo) -> None:
@@ -392,6 +402,12 @@ def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: boo
     saved = found.meta().get("config")
     if not isinstance(saved, dict):
         return  # nothing recorded to compare with
+    if (name := _optimizer_of(found)) not in (None, cfg.optim.name):
+        raise UserError(
+            f"--resume: checkpoint {found.path} holds {name}'s state, and optim.name is now {cfg.optim.name}: "
+            f"set optim.name={name} to continue the run, or start a new phase from it with "
+            "train.init_checkpoint (its weights, the optimizer afresh)"
+        )
     now = asdict(cfg)
     changed = []
     for key in RESUME_KEYS:
@@ -437,10 +453,17 @@ def restore(
         fix = "set train.init_checkpoint to a checkpoint written by `bertforge pretrain` from a source you trust"
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix)
-        optimizer.load_state_dict(saved["optimizer"])
-        _reset_optimizer_step(optimizer)
         prev = TrainState(**saved["train_state"])
-        _log0(info, f"phase {prev.phase + 1} from {src.path}: weights and optimizer moments loaded, step reset")
+        if (name := _optimizer_of(src)) in (None, cfg.optim.name):
+            optimizer.load_state_dict(saved["optimizer"])
+            _reset_optimizer_step(optimizer)
+            _log0(info, f"phase {prev.phase + 1} from {src.path}: weights and optimizer moments loaded, step reset")
+        else:  # another optimizer's state (LAMB's moments under AdamW's keys) cannot carry over
+            _log0(
+                info,
+                f"phase {prev.phase + 1} from {src.path}: weights loaded; its {name} moments not "
+                f"({cfg.optim.name} starts afresh)",
+            )
         return TrainState(phase=prev.phase + 1, phase_offset=prev.phase_offset + prev.step), False
     if resume:
         _log0(info, f"--resume: no checkpoint in {ckpt_root}; starting from scratch")
@@ -939,6 +962,13 @@ def _load_weights(model: BertForTask, model_dir: Path, fix: str) -> None:
 
     sd = normalise_keys(read_state_dict(_weights_file(Path(model_dir)), fix), model.config.model_type)
     load_hf_state_dict(model, sd, source=str(model_dir))
+
+
+def _optimizer_of(found: ckpt.Checkpoint) -> str | None:
+    """The optimizer whose state a checkpoint holds (its run's optim.name), None where it recorded no config."""
+    saved = found.meta().get("config")
+    name = ((saved.get("optim") or {}) if isinstance(saved, dict) else {}).get("name")
+    return name if isinstance(name, str) else None
 
 
 def _reset_optimizer_step(optimizer: torch.optim.Optimizer) -> None:
