@@ -1,6 +1,8 @@
 import dataclasses
+import re
 
 import pytest
+from tests.helpers import one_line
 
 from bertforge import config as C
 from bertforge.errors import ConfigError
@@ -57,6 +59,33 @@ def test_bad_value_type_names_the_key():
 def test_validation_error_says_what_to_change():
     with pytest.raises(ConfigError, match=r"not a multiple of train.micro_batch_size"):
         C.load_config("pretrain", "demo_tiny_128", ["train.global_batch_size=100", "train.micro_batch_size=64"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lr=nan", "optim.lr must be a finite number > 0, got nan"),
+        ("optim.lr=inf", "optim.lr must be a finite number > 0, got inf"),
+        ("optim.beta2=1.5", "optim.beta2 is a moment's decay in [0, 1), got 1.5"),
+        ("optim.beta1=-0.1", "optim.beta1 is a moment's decay in [0, 1)"),
+        ("optim.eps=-1", "optim.eps must be a finite number > 0"),
+        ("optim.weight_decay=-1", "optim.weight_decay must be a finite number >= 0"),
+        ("train.max_steps=-1", "train.max_steps must be >= 1, got -1"),
+        ("train.max_steps=0", "train.max_steps must be >= 1, got 0"),
+    ],
+)
+def test_optimizer_values_and_steps_are_refused_in_one_line(override, message):
+    """A NaN lr would train a step and save NaN weights; a beta of 1.5 was torch's traceback at set-up."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        C.load_config("pretrain", "demo_tiny_128", [override])
+
+
+def test_invalid_yaml_is_one_line_with_where(tmp_path):
+    path = tmp_path / "e.yaml"
+    path.write_text("train:\n\tmax_steps: 5\n")
+    with pytest.raises(ConfigError) as e:
+        C.load_config("pretrain", str(path), [])
+    one_line(str(e.value), path, "is not valid YAML", "at line 2, column 1")
 
 
 def test_fp8_refuses_unpadding_before_the_run():

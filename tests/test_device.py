@@ -1,4 +1,6 @@
+import dataclasses
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,28 @@ def test_matmul_peak_is_cached():
     p2 = dev.matmul_peak(cpu)
     assert p1 == p2 and p1.fp32_gflops > 1
     assert dev.peak_flops(cpu, "fp32") == pytest.approx(p1.fp32_gflops * 1e9)
+
+
+def test_mfu_peak_of_an_emulated_precision_is_at_least_fp32s(monkeypatch):
+    """On a CPU without native bf16 the bf16 matmul peak is ~1 GFLOP/s: dividing by it gave MFU of 146-222%."""
+    cpu = torch.device("cpu")
+    peak = dev.Peak(fp32_gflops=160.0, bf16_gflops=1.4, fp16_gflops=None, size=2048, device="cpu", threads=2)
+    monkeypatch.setattr(dev, "matmul_peak", lambda device: peak)
+    assert dev.peak_flops(cpu, "bf16") == dev.peak_flops(cpu, "fp16") == pytest.approx(160e9)
+    fast = dataclasses.replace(peak, bf16_gflops=400.0)  # native bf16: its own peak
+    monkeypatch.setattr(dev, "matmul_peak", lambda device: fast)
+    assert dev.peak_flops(cpu, "bf16") == dev.peak_flops(cpu, "fp16") == pytest.approx(400e9)
+    assert dev.peak_flops(cpu, "fp32") == pytest.approx(160e9)
+
+
+def test_an_unavailable_train_device_names_the_config_key():
+    from bertforge.runtime import distributed
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    message = "train.device=cuda: no cuda device is available on this machine; try train.device=auto"
+    with pytest.raises(UserError, match=re.escape(message)):
+        distributed.init_distributed("cuda")
 
 
 @pytest.mark.skipif(dev._malloc_trim() is None, reason="needs glibc's malloc_trim")

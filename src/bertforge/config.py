@@ -16,6 +16,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import math
 import sys
 import textwrap
 import types
@@ -26,7 +27,7 @@ from typing import Any, TypeGuard
 
 import yaml
 
-from bertforge.errors import ConfigError
+from bertforge.errors import ConfigError, first_line
 from bertforge.runtime.io import write_text
 
 # kind -> "module:Class"; the module is imported only when that kind is loaded.
@@ -80,6 +81,17 @@ class ModelConfig:
             raise ConfigError(f"model.global_rope_theta applies to the modernbert-* presets, not {self.preset!r}")
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"model.vocab_size must be at least 8, got {self.vocab_size}")
+
+    def dropout_overrides(self) -> dict[str, float] | None:
+        """The dropout rates to replace in a loaded checkpoint's config (BertConfig fields under their Hugging
+        Face names), None where both are None (the checkpoint's own)."""
+        return dropout_overrides(self.hidden_dropout, self.attention_dropout)
+
+
+def dropout_overrides(hidden: float | None, attention: float | None) -> dict[str, float] | None:
+    """`load_pretrained`'s config_overrides for the rates that are set (None: the checkpoint's own rate)."""
+    pairs = {"hidden_dropout_prob": hidden, "attention_probs_dropout_prob": attention}
+    return {k: v for k, v in pairs.items() if v is not None} or None
 
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -251,10 +263,17 @@ class OptimConfig:
                 f"optim.decay {self.decay} with optim.warmup {self.warmup}: the decay is a fraction of the "
                 "steps in [0, 1] and warmup + decay must be <= 1; lower one of them"
             )
-        if self.lr <= 0:
-            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
-        if self.max_grad_norm < 0:
-            raise ConfigError(f"optim.max_grad_norm must be >= 0, got {self.max_grad_norm}")
+        if not 0 < self.lr < math.inf:  # NaN fails too: it would train one step and save NaN weights
+            raise ConfigError(f"optim.lr must be a finite number > 0, got {self.lr}")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"optim.{key} is a moment's decay in [0, 1), got {getattr(self, key)}")
+        if not 0 < self.eps < math.inf:
+            raise ConfigError(f"optim.eps must be a finite number > 0, got {self.eps}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ConfigError(f"optim.weight_decay must be a finite number >= 0, got {self.weight_decay}")
+        if not 0 <= self.max_grad_norm < math.inf:
+            raise ConfigError(f"optim.max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
 
 
 def compile_mode(train: TrainConfig) -> bool | str:
@@ -528,7 +547,7 @@ def load_config(kind: str, name_or_path: str | Path | None = None, overrides: Se
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {path} is not valid YAML: {first_line(e)}") from None
         except UnicodeDecodeError as e:
             raise ConfigError(
                 f"config file {path} is not text (byte {e.start} is not UTF-8); pass a YAML file or a preset name"

@@ -62,21 +62,24 @@ def device_count(device_type: str) -> int:
     return int(getattr(torch, device_type).device_count())
 
 
-def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
-    """`auto` picks cuda, then xpu, hpu, mps, then cpu; `cuda` under torchrun takes the local rank's index."""
+def resolve_device(spec: str = "auto", local_rank: int | None = None, option: str = "--device") -> torch.device:
+    """`auto` picks cuda, then xpu, hpu, mps, then cpu; `cuda` under torchrun takes the local rank's index.
+    `option` is the flag or config key that gave `spec` (`train.device`), named in the errors."""
     spec = (spec or "auto").strip().lower()
     if spec == "auto":
         spec = next(t for t in ("cuda", "xpu", "hpu", "mps", "cpu") if is_available(t))
     kind, _, index = spec.partition(":")
+    said = f"{option} {spec!r}" if option.startswith("--") else f"{option}={spec}"
     if kind not in DEVICE_TYPES:
-        raise UserError(f"--device {spec!r}: unknown device; use auto, cpu, cuda[:N], xpu[:N], hpu or mps")
+        raise UserError(f"{said}: unknown device; use auto, cpu, cuda[:N], xpu[:N], hpu or mps")
     if not is_available(kind):
-        raise UserError(f"--device {spec!r}: no {kind} device is available on this machine; try --device auto")
+        auto = f"{option} auto" if option.startswith("--") else f"{option}=auto"
+        raise UserError(f"{said}: no {kind} device is available on this machine; try {auto}")
     if kind == "cpu":
         return torch.device("cpu")
     if index:
         if not index.isdigit() or int(index) >= device_count(kind):
-            raise UserError(f"--device {spec!r}: this machine has {device_count(kind)} {kind} device(s)")
+            raise UserError(f"{said}: this machine has {device_count(kind)} {kind} device(s)")
         return torch.device(kind, int(index))
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -125,9 +128,9 @@ def resolve_precision(spec: str, device: torch.device) -> str:
     if spec not in PRECISIONS:
         raise UserError(f"precision {spec!r}: use one of {', '.join(PRECISIONS)}")
     if spec != "auto":
-        if spec == "fp16" and device.type == "cpu":
-            # fp16 autocast works on CPU in recent torch but is emulated; allow it, it is the user's call
-            pass
+        if spec in ("fp16", "bf16") and device.type == "cpu" and not supports(device, spec):
+            # autocast runs it, emulated: the user's call, but not a silent one
+            print(f"warning: {spec} is emulated on this CPU (`bertforge info`): fp32 is faster here", file=sys.stderr)
         return spec
     if supports(device, "bf16"):
         return "bf16"
@@ -352,10 +355,12 @@ def matmul_peak(device: torch.device, refresh: bool = False, seconds: float = 1.
 
 
 def peak_flops(device: torch.device, precision: str) -> float:
-    """FLOP/s denominator for MFU at a training precision (fp16 falls back to bf16's peak, then fp32's)."""
+    """FLOP/s denominator for MFU at a training precision: its measured matmul peak (fp16 unmeasured: bf16's),
+    or fp32's where that is higher — an emulated bf16 (1 GFLOP/s on a CPU without AVX-512 BF16) is no
+    ceiling, as autocast runs much of the step in fp32, and MFU must stay a fraction of what the device can do."""
     peak = matmul_peak(device)
-    gflops = {"fp32": peak.fp32_gflops, "bf16": peak.bf16_gflops, "fp16": peak.fp16_gflops}.get(precision)
-    return (gflops or peak.bf16_gflops or peak.fp32_gflops) * 1e9
+    own = {"fp32": peak.fp32_gflops, "bf16": peak.bf16_gflops, "fp16": peak.fp16_gflops}.get(precision)
+    return max(own or peak.bf16_gflops or 0.0, peak.fp32_gflops or 0.0) * 1e9
 
 
 @contextlib.contextmanager

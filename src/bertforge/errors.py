@@ -14,6 +14,10 @@ class ConfigError(UserError, ValueError):
 
 
 def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (libraries' messages run to several lines), or its type."""
+    """The first line of an exception's message (libraries' messages run to several lines), or its type. A
+    YAML parser's error says its problem and where: its first line is only the context ("while scanning ...")."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if problem and mark is not None:  # yaml.MarkedYAMLError, without importing yaml here
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__

@@ -307,6 +307,27 @@ def test_pack_refuses_dynamic_and_packed_inputs(tmp_path):
         pk.pack_shards(pk.PackConfig(str(tmp_path / "p"), str(tmp_path / "q")), log=lambda m: None)
 
 
+@pytest.mark.parametrize(
+    ("change", "flag"),
+    [
+        ({"chunk_rows": 0}, "--chunk-rows"),
+        ({"chunk_rows": -5}, "--chunk-rows"),
+        ({"shards": 0}, "--shards"),
+        ({"shards": -2}, "--shards"),
+        ({"buffer_mb": -1}, "--buffer-mb"),
+        ({"max_per_pack": 0}, "--max-per-pack"),
+    ],
+)
+def test_pack_refuses_sizes_below_one_before_writing(tmp_path, change, flag):
+    write_input_shards(tmp_path / "in", n_shards=1, rows=20)
+    out = tmp_path / "new" / "p"
+    with pytest.raises(UserError, match=f"{flag} must be at least"):
+        pk.pack_shards(pk.PackConfig(str(tmp_path / "in"), str(out), **change), log=lambda m: None)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(UserError, match="fix --in"):
+        pk.pack_shards(pk.PackConfig(str(tmp_path / "nope"), str(out)), log=lambda m: None)
+
+
 def test_cli(tmp_path, capsys):
     from bertforge.cli import main
 

@@ -121,6 +121,22 @@ def test_phase2_from_phase1(shards, tmp_path, capsys):
         assert torch.equal(a[k], b[k]), k
 
 
+def test_init_from_takes_the_checkpoints_shape_and_this_configs_dropout(shards, tmp_path, capsys):
+    """model.init_from: the checkpoint's config.json decides the shape, and a preset or position count that
+    differs is said, not silently dropped; the config's dropout rates replace the checkpoint's (0.0 here)."""
+    run_pretrain(_cfg(shards, tmp_path / "p1", **{"train.max_steps": 1}))
+    model_dir = ckpt.latest_checkpoint(tmp_path / "p1" / "checkpoints").model_dir
+    capsys.readouterr()
+    extra = {"model.init_from": str(model_dir), "model.preset": "mini", "model.hidden_dropout": 0.25}
+    run_pretrain(_cfg(shards, tmp_path / "p2", **{"train.max_steps": 1, **extra}))
+    out = capsys.readouterr().out
+    assert "its config.json decides the model's shape, not model.preset mini" in out
+    assert "hidden_size 256" in out and "num_hidden_layers 4" in out, out
+    config = json.loads((ckpt.latest_checkpoint(tmp_path / "p2" / "checkpoints").model_dir / "config.json").read_text())
+    assert config["hidden_size"] == 128 and config["hidden_dropout_prob"] == 0.25
+    assert config["attention_probs_dropout_prob"] == 0.0
+
+
 def test_nonfinite_steps_stop_with_checkpoint(shards, tmp_path):
     out = tmp_path / "nan"
     cfg = _cfg(

@@ -86,11 +86,17 @@ def _open_input(cfg: PackConfig) -> ShardSet:
     """The input shards, checked: masked (NVIDIA-kind) shards only, and valid settings."""
     if cfg.algorithm not in ALGORITHMS:
         raise UserError(f"unknown packing algorithm {cfg.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
-    if cfg.max_per_pack < 1:
-        raise UserError(f"--max-per-pack must be at least 1, not {cfg.max_per_pack}")
+    sizes = {"--max-per-pack": cfg.max_per_pack, "--chunk-rows": cfg.chunk_rows}
+    if cfg.shards is not None:
+        sizes["--shards"] = cfg.shards
+    for flag, value in sizes.items():
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, not {value}")
+    if cfg.buffer_mb < 0:  # 0: every row straight to its bucket file
+        raise UserError(f"--buffer-mb must be at least 0, not {cfg.buffer_mb}")
     if Path(cfg.output_dir).resolve() == Path(cfg.input_dir).resolve():
         raise UserError("--out must differ from --in")
-    shards = ShardSet.open(cfg.input_dir)
+    shards = ShardSet.open(cfg.input_dir, "--in")
     if shards.kind == "packed":
         raise UserError(f"{shards.files[0]} is already packed; pass the unpacked shards to --in")
     if shards.kind == "dynamic":

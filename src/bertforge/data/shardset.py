@@ -102,16 +102,17 @@ def natural_key(path: Path) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
 
 
-def list_shards(path: str | os.PathLike) -> list[Path]:
+def list_shards(path: str | os.PathLike, option: str = "the path") -> list[Path]:
     """The HDF5 shards of a directory (or the file itself), sorted numerically; hidden files (the temporary
-    names of unfinished writes, `.NAME.tmp-PID.hdf5`) excluded. A missing directory is a UserError."""
+    names of unfinished writes, `.NAME.tmp-PID.hdf5`) excluded. A missing directory is a UserError naming
+    `option`, the setting that gave the path."""
     d = Path(path)
     if d.is_file():
         return [d]
     if not d.is_dir():
         raise UserError(
             f"shard directory {d} does not exist; run `bertforge data shards` or `bertforge data "
-            "prepare` first, or fix the path (data.input_dir / data.eval_dir)"
+            f"prepare` first, or fix {option}"
         )
     return sorted(
         (p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and not p.name.startswith(".") and p.is_file()),
@@ -278,10 +279,11 @@ class ShardSet:
     KINDS: ClassVar[tuple[str, ...]] = tuple(SCHEMAS)
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> ShardSet:
-        """The ShardSet of a directory (or of a single shard file), read once per process and directory."""
+    def open(cls, path: str | os.PathLike, option: str = "the path") -> ShardSet:
+        """The ShardSet of a directory (or of a single shard file), read once per process and directory;
+        `option` names the setting that gave the path, for the error when it does not exist."""
         p = Path(path).resolve()
-        files = list_shards(p)
+        files = list_shards(p, option)
         directory = p.parent if p.is_file() else p
         sig = (*_stat_sig(files), *_stat_sig([directory / n for n in MANIFEST_FILES]))
         cached = _CACHE.get(str(p))

@@ -84,7 +84,7 @@ def env_info(env: dict[str, str] | None = None) -> DistInfo:
 def init_distributed(device_spec: str = "auto", timeout_min: int = 30) -> tuple[DistInfo, torch.device]:
     """Start the process group (if this is a multi-process run) and pick this rank's device."""
     info = env_info()
-    device = dev.resolve_device(device_spec, local_rank=info.local_rank)
+    device = dev.resolve_device(device_spec, local_rank=info.local_rank, option="train.device")
     if not info.distributed or dist.is_initialized():
         return info, device
     if info.launcher != "torchrun":

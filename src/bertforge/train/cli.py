@@ -77,6 +77,8 @@ def pretrain_run(args: argparse.Namespace) -> int:
     from bertforge.runtime.preempt import Preempted
     from bertforge.train.loop import check_output_dir, run_pretrain, unstarted_removed
 
+    if args.profile < 0:
+        raise UserError(f"--profile N records N steps; N must be >= 0 (0: no profile), got {args.profile}")
     if args.allow_changed and not args.resume:
         raise UserError("--allow-changed only applies with --resume (it accepts a changed config on resuming)")
     info = distributed.env_info()

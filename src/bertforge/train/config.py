@@ -153,14 +153,14 @@ class PretrainTrainConfig(TrainConfig):
         return OBJECTIVE_TASKS[self.objective]
 
     def validate(self) -> None:
+        for name in ("max_steps", "keep_last"):  # first: the shared check allows max_steps 0 (fine-tuning's epochs)
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         super().validate()
         if self.objective not in OBJECTIVE_TASKS:
             raise ConfigError(f"train.objective must be {' or '.join(OBJECTIVE_TASKS)}, not {self.objective!r}")
         if self.save_every < 0:
             raise ConfigError(f"train.save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
-        for name in ("max_steps", "keep_last"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass

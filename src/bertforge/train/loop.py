@@ -49,7 +49,7 @@ from bertforge.runtime.preempt import Preempted, Preemption
 from bertforge.runtime.profile import PowerSampler, StepProfiler, StepTimeline, format_parts
 from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step, wants_segments
 from bertforge.train import checkpoint as ckpt
-from bertforge.train.config import PretrainConfig
+from bertforge.train.config import PretrainConfig, PretrainTrainConfig
 
 if TYPE_CHECKING:
     from bertforge.model.bert import BertForTask
@@ -105,8 +105,8 @@ def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
     them now — a missing or mismatched eval directory, shards of the other objective or masking settings the
     shards cannot take fail at start-up, not at the first step or evaluation."""
     d = cfg.data
-    shards = None if d.synthetic else ShardSet.open(d.input_dir)
-    held_out = ShardSet.open(d.eval_dir) if d.eval_dir else None
+    shards = None if d.synthetic else ShardSet.open(d.input_dir, "data.input_dir")
+    held_out = ShardSet.open(d.eval_dir, "data.eval_dir") if d.eval_dir else None
     train_masking = {"mlm_probability": d.mlm_probability, "mask_split": d.mask_split}
     for s, masking in ((shards, train_masking), (held_out, d.eval_masking)):
         if s is not None:
@@ -254,6 +254,7 @@ def _scores(out, device: torch.device) -> list[torch.Tensor]:
 # ---------------------------------------------------------------------------------------------- set-up
 # what a run writes into output_dir and `overwrite` deletes (config.yaml is rewritten by every run)
 RUN_OUTPUTS = ("checkpoints", "metrics.jsonl", "summary.json", "metrics.png", "tensorboard", "profile")
+_RUN_DIRS = ("checkpoints", "tensorboard", "profile")  # the rest of RUN_OUTPUTS, and config.yaml, are files
 
 
 def holds_run(out: Path) -> bool:
@@ -289,6 +290,13 @@ def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> N
     out = Path(output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in train.output_dir, --overwrite deletes it: pass one of them")
+    for name in (*RUN_OUTPUTS, "config.yaml"):  # not a traceback at the first save, after the training
+        path, is_dir = out / name, name in _RUN_DIRS
+        if path.exists() and path.is_dir() != is_dir:
+            raise UserError(
+                f"{path} is a {'file' if is_dir else 'directory'}, where the run writes its "
+                f"{'directory' if is_dir else 'file'} {name}; move it away or choose another train.output_dir"
+            )
     if holds_run(out) and not (resume or overwrite):
         raise UserError(
             f"train.output_dir {out} holds an earlier run (checkpoints or metrics.jsonl); pass --resume to "
@@ -367,12 +375,26 @@ class Run:
         return self.seconds_before + time.perf_counter() - self.t_start
 
 
-def build_model_for(cfg: PretrainConfig, bert_cfg) -> tuple[torch.nn.Module, Any]:
-    """A fresh model of the preset, or the weights of model.init_from; runtime choices applied from outside."""
-    if cfg.model.init_from:
+_SHAPE = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
+
+
+def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[torch.nn.Module, Any]:
+    """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
+    config's dropout rates replace its own); runtime choices applied from outside."""
+    m = cfg.model
+    if m.init_from:
         from bertforge.model.hf_interop import load_pretrained
 
-        model, bert_cfg = load_pretrained(cfg.model.init_from, cfg.train.task, attention=cfg.train.attention)
+        asked = bert_cfg
+        model, bert_cfg = load_pretrained(
+            m.init_from, cfg.train.task, attention=cfg.train.attention, config_overrides=m.dropout_overrides()
+        )
+        if differ := [f"{k} {getattr(asked, k)}" for k in _SHAPE if getattr(asked, k) != getattr(bert_cfg, k)]:
+            _log0(
+                info,
+                f"model.init_from {m.init_from}: its config.json decides the model's shape, not model.preset "
+                f"{m.preset} / model.max_position_embeddings ({', '.join(differ)} not used)",
+            )
     else:
         from bertforge.model import build_model
 
@@ -477,6 +499,7 @@ def setup(
     save_hook: Callable[[Path], None] | None = None,
     allow_changed: bool = False,
     overwrite: bool = False,
+    profile_steps: int = 0,
 ) -> Run:
     """Device, model, optimizer, restored state, the compiled step, the data and the logger. Everything the
     files record (shards, vocab, the checkpoint's config) is checked before the model is built."""
@@ -491,7 +514,7 @@ def setup(
     if resume and (found := ckpt.latest_checkpoint(ckpt_root)) is not None:
         check_resume(cfg, found, allow_changed, info)
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
-    model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size))
+    model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size), info)
     model.to(device)
     guard = _enter_fp8(cfg, model, device, precision, info)
     optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type, o.compile)
@@ -516,6 +539,7 @@ def setup(
     packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
     loader.segments = wants_segments(device, t.attention, packed, fixed=bool(compile_mode(t)) or t.fp8)
     check_fits(loader, shards, bert_cfg, cfg.data.eval_dir)
+    check_profile(profile_steps, t, state)
     if info.is_main:
         claim_output_dir(cfg, overwrite, state.phase_offset + state.step if resumed else None)
     # steps are logged run-wide (a phase 2 goes on from phase 1's count), so the total is too: "step 7040/8601"
@@ -669,6 +693,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
     output_dir/profile/ (trace.json for Perfetto/TensorBoard, top_ops.txt) and print the top kernels.
     `preempt`: its signal flag is read at each step boundary; set, the run saves and raises `Preempted`."""
     t, o, state = run.cfg.train, run.cfg.optim, run.state
+    stop_at = _stop_at(t)
     prof = _profiler(run, profile_steps)
     batches = _one_line_errors(run.loader.iterate(start_batch=state.batches))
     window = _Window(run.device)
@@ -678,7 +703,6 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
     eval_metrics: dict[str, float] = {}
     run.t_start = time.perf_counter()
     run.step.model.train()
-    stop_at = min(t.max_steps, t.stop_after_steps) if t.stop_after_steps > 0 else t.max_steps
     if (notice := compile_notice(t)) and state.step < stop_at:
         _log0(run.info, notice)
     while state.step < stop_at:
@@ -735,6 +759,22 @@ def _profiler(run: Run, steps: int) -> StepProfiler | None:
         return None
     run.step.timeline = StepTimeline(run.device)
     return StepProfiler(Path(run.cfg.train.output_dir) / "profile", steps=steps, device=run.device).__enter__()
+
+
+def check_profile(steps: int, t: PretrainTrainConfig, state: TrainState) -> None:
+    """`--profile N` records N steps after one warm-up step (StepProfiler's default): refused at start-up when
+    the steps this run has left cannot hold them (the profile would end with the run, unwritten)."""
+    left = _stop_at(t) - state.step
+    if steps > 0 and 1 + steps > left:
+        raise UserError(
+            f"--profile {steps} records {steps} steps after 1 warm-up step, and this run has {left} left: "
+            + (f"lower --profile to {left - 1} or raise train.max_steps" if left > 1 else "raise train.max_steps")
+        )
+
+
+def _stop_at(t: PretrainTrainConfig) -> int:
+    """The step this process ends at: train.max_steps, or train.stop_after_steps before it."""
+    return min(t.max_steps, t.stop_after_steps) if t.stop_after_steps > 0 else t.max_steps
 
 
 def _profiled(run: Run, prof: StepProfiler) -> None:
@@ -841,7 +881,7 @@ def run_pretrain(
     Raises `runtime.preempt.Preempted` after saving when SIGTERM or SIGINT arrives."""
     check_output_dir(cfg.train.output_dir, resume, overwrite)
     with Preemption() as preempt:
-        run = setup(cfg, resume, json_summary, _save_hook, allow_changed, overwrite)
+        run = setup(cfg, resume, json_summary, _save_hook, allow_changed, overwrite, profile_steps)
         with dev.reproducible_compiled_step(run.device, cfg.train.compile):
             return train(run, profile_steps, preempt)
 
