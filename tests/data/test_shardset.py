@@ -134,7 +134,7 @@ def test_incomplete_directory(tmp_path):
     write_manifest(d, {"shards": entries, "vocab_size": 60})
     with pytest.raises(UserError, match="train_2.hdf5 is missing"):
         ShardSet.open(d)
-    write_manifest(d, {"shards": [{"file": "train_0.hdf5", "instances": 9}], "vocab_size": 60})
+    write_manifest(d, {"shards": [{"file": "train_0.hdf5", "instances": 9}, entries[1]], "vocab_size": 60})
     with pytest.raises(UserError, match=r"train_0.hdf5 is truncated \(expected 9 rows, found 6\)"):
         ShardSet.open(d)
     write_manifest(d, {"shards": entries[:2], "vocab_size": 60})

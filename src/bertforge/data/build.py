@@ -37,7 +37,7 @@ from bertforge.data.config import ShardsConfig
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.data.workers import WorkerPool, quiet_worker
 from bertforge.errors import UserError
-from bertforge.runtime.io import output_dir, raise_if_disk_full, remove_stale, temp_name
+from bertforge.runtime.io import output_dir, raise_if_disk_full, remove_earlier, remove_stale, temp_name
 from bertforge.runtime.progress import Progress
 
 BLOCK_ROWS = 4096
@@ -55,7 +55,7 @@ def document_files(docs: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     for item in items:
         p = Path(item)
         if p.is_dir():
-            files += sorted(p.glob("*.txt"), key=natural_key)
+            files += _listed_documents(p) or sorted(p.glob("*.txt"), key=natural_key)
         elif p.is_file():
             files.append(p)
         else:
@@ -66,6 +66,24 @@ def document_files(docs: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     if not files:
         raise UserError(f"no document files (*.txt) in {docs}; run `bertforge data docs` or `data wiki` first")
     return files
+
+
+def _listed_documents(directory: Path) -> list[Path] | None:
+    """The document files that the manifest.json of `data docs`/`data wiki` lists, None without one: other
+    .txt files there (a vocab.txt, files of another run) are not documents."""
+    try:
+        listed = json.loads((directory / "manifest.json").read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+        return None
+    missing = [n for n in listed if not (directory / n).is_file()]
+    if missing:
+        raise UserError(
+            f"document shard {directory / missing[0]} is missing (listed in {directory / 'manifest.json'}); re-run "
+            "the `bertforge data docs` or `data wiki` command that wrote the directory"
+        )
+    return [directory / n for n in listed]
 
 
 def iter_documents(files: Sequence[Path]) -> Iterator[str]:
@@ -394,6 +412,8 @@ def run_shards(
     files = document_files(docs)
     out = Path(out_dir)
     ev = Path(eval_dir) if eval_dir is not None and params.eval_fraction > 0 else None
+    _check_apart(files, out, ev)
+    _check_open_files(params.num_shards + (params.eval_shards if ev is not None else 0))
     with contextlib.ExitStack() as stack:
         for d, option in ((out, "--out"), (ev, "--eval-out")):
             if d is not None:
@@ -401,6 +421,32 @@ def run_shards(
                 stack.enter_context(output_dir(d, option))
                 remove_stale(d)  # the spill and half-written shards of a killed run
         return _run_shards(files, vocab, out, ev, params, lowercase, log)
+
+
+def _check_open_files(n: int) -> None:
+    """The spill step keeps one file open per output shard: more than the process may open is refused now, not
+    an OSError (EMFILE) after the documents were assigned."""
+    try:
+        import resource
+    except ImportError:  # not on Unix: no limit to read
+        return
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and n + 64 > soft:
+        raise UserError(
+            f"{n} shards need {n} files open at once and this process may open {soft} (`ulimit -n`): use fewer "
+            "--shards/--eval-shards, or raise the limit"
+        )
+
+
+def _check_apart(files: Sequence[Path], out: Path, ev: Path | None) -> None:
+    """--out, --eval-out and the documents in three places: one manifest.json per directory, and a reader of a
+    directory takes every shard in it (eval shards in --out would be trained on)."""
+    if ev is not None and ev.resolve() == out.resolve():
+        raise UserError(f"--eval-out {ev} is --out: give the held-out shards a directory of their own")
+    homes = {f.resolve().parent for f in files}
+    for d, option in ((out, "--out"), (ev, "--eval-out")):
+        if d is not None and d.resolve() in homes:
+            raise UserError(f"{option} {d} holds the documents (--docs): write the shards to another directory")
 
 
 def _run_shards(
@@ -446,7 +492,7 @@ def _run_shards(
     wall = time.perf_counter() - t0
     # 3. the manifests
     result: dict[str, Any] = {"wall_s": wall}
-    result.update(_write_manifests(params, phash, vocab_info, files, entries, {"train": out, "eval": ev}))
+    result.update(_write_manifests(params, phash, vocab_info, files, entries, {"train": out, "eval": ev}, log))
     total = sum(e["instances"] for e in entries)
     log(
         f"data shards: {total} instances in {len(entries)} shards, {wall:.1f}s "
@@ -495,6 +541,7 @@ def _write_manifests(
     files: Sequence[Path],
     entries: list[dict[str, Any]],
     dirs: dict[str, Path | None],
+    log=print,
 ) -> dict[str, Any]:
     """manifest.json of the training (and eval) directory: parameters, vocab, counts, a sha256 per shard."""
     sp = vocab_info["special"]
@@ -531,6 +578,8 @@ def _write_manifests(
             tokens=sum(e["tokens"] for e in mine),
         )
         shardio.write_manifest(d, manifest)
+        if gone := remove_earlier(d, f"{kind}_", ".hdf5", [e["file"] for e in mine]):
+            log(f"data shards: removed {', '.join(gone)} in {d}, written by an earlier run with more shards")
         result[kind] = manifest
     return result
 

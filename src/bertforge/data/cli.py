@@ -96,7 +96,21 @@ def data_run(args: argparse.Namespace) -> int:
         return _data_run(args)
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """The flags of `data docs`, `wiki` and `vocab`, through the checks their `data prepare` sections get."""
+    from bertforge.data.config import DocsConfig, VocabConfig
+
+    if args.data_command in ("wiki", "docs"):
+        source = args.dump if args.data_command == "wiki" else args.source
+        DocsConfig(source, args.min_doc_chars, args.shards, workers=args.workers).validate()
+    elif args.data_command == "vocab":
+        VocabConfig(
+            args.from_vocab, args.model, args.vocab_size, not args.cased, args.unused, args.min_frequency
+        ).validate()
+
+
 def _data_run(args: argparse.Namespace) -> int:
+    _check_flags(args)
     if args.data_command in ("wiki", "docs", "vocab"):
         from bertforge.runtime.io import output_dir
 

@@ -6,6 +6,9 @@ import dataclasses
 
 from bertforge.errors import ConfigError
 
+MAX_SEQ_LEN = 32768
+"""The longest row the masking keys address (`instances.mask_batch`: 15 bits of column)."""
+
 
 @dataclasses.dataclass
 class DocsConfig:
@@ -24,10 +27,13 @@ class DocsConfig:
     """Worker processes for cleaning (0 = one per CPU core)."""
 
     def validate(self) -> None:
+        if not self.source.strip():  # Path("") is the working directory: it would read whatever lies there
+            raise ConfigError("docs.source (--source, --dump) is empty; name a corpus (see `bertforge data docs -h`)")
         if self.num_shards < 1:
-            raise ConfigError(f"docs.num_shards must be at least 1, got {self.num_shards}")
-        if self.min_doc_chars < 0 or self.workers < 0:
-            raise ConfigError("docs.min_doc_chars and docs.workers must be >= 0")
+            raise ConfigError(f"docs.num_shards (--shards) must be at least 1, got {self.num_shards}")
+        for key, flag in (("min_doc_chars", "--min-doc-chars"), ("workers", "--workers")):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"docs.{key} ({flag}) must be >= 0, got {getattr(self, key)}")
 
 
 @dataclasses.dataclass
@@ -53,8 +59,10 @@ class VocabConfig:
             raise ConfigError(f"vocab.vocab_size must be at least 64, got {self.vocab_size}")
         if self.model not in ("wordpiece", "bpe"):
             raise ConfigError(f"vocab.model must be wordpiece or bpe, not {self.model!r}")
-        if self.unused_tokens < 0 or self.min_frequency < 1:
-            raise ConfigError("vocab.unused_tokens must be >= 0 and vocab.min_frequency >= 1")
+        if self.unused_tokens < 0:
+            raise ConfigError(f"vocab.unused_tokens (--unused) must be >= 0, got {self.unused_tokens}")
+        if self.min_frequency < 1:
+            raise ConfigError(f"vocab.min_frequency (--min-frequency) must be >= 1, got {self.min_frequency}")
 
 
 @dataclasses.dataclass
@@ -108,6 +116,15 @@ class ShardsConfig:
             raise ConfigError(f"shards.short_seq_prob (--short-seq-prob) must be in [0, 1], got {self.short_seq_prob}")
         if self.workers < 0:
             raise ConfigError(f"shards.workers (--workers) must be >= 0, got {self.workers}")
+        if self.seq_len > MAX_SEQ_LEN:
+            raise ConfigError(f"shards.seq_len (--seq-len) must be at most {MAX_SEQ_LEN}, got {self.seq_len}")
+        if self.max_pred > self.seq_len:
+            raise ConfigError(
+                f"shards.max_pred (--max-pred) {self.max_pred} is more than the {self.seq_len} tokens of a row "
+                "(--seq-len): lower it (Google's recipe: 20 at 128, 80 at 512)"
+            )
+        if self.seed < 0:
+            raise ConfigError(f"shards.seed (--seed) must be >= 0, got {self.seed}")
         if self.objective not in ("mlm_nsp", "mlm"):
             raise ConfigError(f"shards.objective (--objective) must be mlm_nsp or mlm, not {self.objective!r}")
         if not 0.0 <= self.eval_fraction < 1.0:

@@ -34,7 +34,15 @@ from typing import TYPE_CHECKING
 from bertforge.data import sources, wikiclean, wikidump
 from bertforge.data.workers import bounded_map
 from bertforge.errors import UserError
-from bertforge.runtime.io import commit, raise_if_disk_full, remove_stale, temp_name, writable_dir, write_text
+from bertforge.runtime.io import (
+    commit,
+    raise_if_disk_full,
+    remove_earlier,
+    remove_stale,
+    temp_name,
+    writable_dir,
+    write_text,
+)
 
 if TYPE_CHECKING:
     import ctypes
@@ -199,6 +207,8 @@ def _finish(out: Path, writer: ShardWriter, counts: dict, settings: dict, t0: fl
     wall = time.perf_counter() - t0
     manifest = dict(counts, settings=settings, files=writer.names, seconds=round(wall, 2))
     write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    if gone := remove_earlier(out, "docs_", ".txt", writer.names):
+        log(f"data docs: removed {', '.join(gone)}, written by an earlier run with more --shards")
     log(
         f"data docs: {counts['documents']} documents, {counts['sentences']} sentences, "
         f"{counts['chars'] / 1e6:.1f} M chars -> {out} in {wall:.1f}s "

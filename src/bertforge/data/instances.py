@@ -106,7 +106,7 @@ def mask_batch(
         # unique integer keys per row: random bits, then the column (breaks the rare tie), and the top bit
         # set for non-candidates so they sort last; 31 - col_bits random bits (22 at seq 512)
         col_bits = max(1, (seq - 1).bit_length())
-        if col_bits > 15:
+        if col_bits > 15:  # data.config.MAX_SEQ_LEN refuses such rows at start-up
             raise ValueError(f"sequence length {seq} is too long for the masking keys (at most 32768)")
         keys = rng.integers(0, 1 << (31 - col_bits), (n_rows, seq), dtype=np.uint32) << np.uint32(col_bits)
         keys |= np.arange(seq, dtype=np.uint32)[None, :]

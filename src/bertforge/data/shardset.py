@@ -536,6 +536,12 @@ def _check_listed(directory: Path, manifest: Mapping[str, Any], infos: tuple[Sha
     """The shards the manifest lists must be there with the rows it records (a deleted or truncated shard
     would otherwise silently shrink the data)."""
     have = {i.path.name: i for i in infos}
+    listed = {e.get("file") if isinstance(e, dict) else e for e in manifest.get("shards") or []}
+    if extra := sorted(set(have) - listed) if listed else []:  # read as data, it would be trained on twice
+        raise UserError(
+            f"shard {directory / extra[0]} is not in the manifest of {directory} (left by another run?): move it "
+            "away, or re-run the command that wrote the directory"
+        )
     for entry in manifest.get("shards") or []:
         name = entry.get("file") if isinstance(entry, dict) else entry
         if not isinstance(name, str):

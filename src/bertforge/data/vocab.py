@@ -237,10 +237,13 @@ def save_hf_tokenizer(vocab_file: Path, out_dir: Path, model_max_length: int) ->
 
 def iter_document_lines(paths: Iterable[Path]) -> Iterator[str]:
     for p in paths:
-        with open(p, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield line
+        try:
+            with open(p, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        yield line
+        except UnicodeDecodeError as e:  # `data shards` says the same of the same file
+            raise UserError(f"{p} is not UTF-8 text ({e}); convert it or clean it with `bertforge data docs`") from e
 
 
 def _continuation_symbols(tok: Tokenizer, paths: list[Path]) -> list[str]:

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from bertforge.errors import UserError
@@ -179,6 +179,18 @@ def remove_stale(directory: str | os.PathLike) -> int:
         _discard(p)
         n += 1
     return n
+
+
+def remove_earlier(directory: str | os.PathLike, prefix: str, suffix: str, keep: Iterable[str]) -> list[str]:
+    """Delete the files `PREFIX<N>SUFFIX` in `directory` that are not in `keep` — what an earlier run of the same
+    command wrote with more shards — so that a reader of the directory never takes them for this run's;
+    returns their names."""
+    pattern = re.compile(rf"{re.escape(prefix)}\d+{re.escape(suffix)}")
+    kept = set(keep)
+    gone = [p for p in Path(directory).iterdir() if pattern.fullmatch(p.name) and p.name not in kept and p.is_file()]
+    for p in gone:
+        p.unlink()
+    return sorted((p.name for p in gone), key=lambda n: (len(n), n))
 
 
 def writable_dir(path: str | os.PathLike, option: str = "path") -> Path:

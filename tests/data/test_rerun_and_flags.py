@@ -1,0 +1,117 @@
+"""A re-run with fewer shards leaves nothing a reader would take for data; --out, --eval-out and --docs in
+places of their own; the flags of `data docs`/`wiki`/`vocab`/`shards` checked at start-up in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.helpers import one_line
+
+from bertforge.cli import main
+from bertforge.data.build import document_files
+from bertforge.data.shardset import ShardSet
+from bertforge.data.vocab import train_wordpiece
+
+TEXT = "\n\n".join(
+    f"Document {i} tells of the river and the mountain.\nIt has a second line about the forest {i}." for i in range(12)
+)
+
+
+@pytest.fixture
+def corpus(tmp_path) -> tuple[Path, Path]:
+    src = tmp_path / "src.txt"
+    src.write_text(TEXT + "\n", encoding="utf-8")
+    docs = tmp_path / "docs"
+    assert (
+        main(["data", "docs", "--source", str(src), "--out", str(docs), "--shards", "4", "--min-doc-chars", "5"]) == 0
+    )
+    train_wordpiece(document_files(docs), tmp_path / "vocab", vocab_size=80)
+    return docs, tmp_path / "vocab" / "tokenizer.json"
+
+
+def _shards(docs: Path, vocab: Path, out: Path, *extra: str) -> list[str]:
+    return ["data", "shards", "--docs", str(docs), "--vocab", str(vocab), "--out", str(out), "--seq-len", "32",
+            "--max-pred", "4", "--dupe-factor", "1", "--workers", "1", *extra]  # fmt: skip
+
+
+def test_a_rerun_with_fewer_shards_removes_the_earlier_runs_extra_files(corpus, tmp_path, capsys):
+    docs, vocab = corpus
+    src = tmp_path / "src.txt"
+    assert (
+        main(["data", "docs", "--source", str(src), "--out", str(docs), "--shards", "2", "--min-doc-chars", "5"]) == 0
+    )
+    assert sorted(p.name for p in docs.glob("*.txt")) == ["docs_0.txt", "docs_1.txt"]
+    assert "removed docs_2.txt, docs_3.txt" in capsys.readouterr().out
+    assert len(document_files(docs)) == 2
+    out = tmp_path / "shards"
+    assert main(_shards(docs, vocab, out, "--shards", "3")) == 0
+    assert main(_shards(docs, vocab, out, "--shards", "1")) == 0
+    assert sorted(p.name for p in out.glob("*.hdf5")) == ["train_0.hdf5"]
+    assert "removed train_1.hdf5, train_2.hdf5" in capsys.readouterr().out
+
+
+def test_readers_take_only_what_the_manifest_lists(corpus, tmp_path, capsys):
+    docs, vocab = corpus
+    (docs / "vocab.txt").write_text("[PAD]\n[UNK]\n", encoding="utf-8")  # `data vocab --out` the docs dir
+    assert [p.name for p in document_files(docs)] == [f"docs_{i}.txt" for i in range(4)]
+    out = tmp_path / "shards"
+    assert main(_shards(docs, vocab, out, "--shards", "1")) == 0
+    (out / "train_7.hdf5").write_bytes((out / "train_0.hdf5").read_bytes())  # another run's shard, by hand
+    with pytest.raises(Exception, match="train_7.hdf5 is not in the manifest"):
+        ShardSet.open(out)
+    (docs / "docs_2.txt").unlink()
+    with pytest.raises(Exception, match="docs_2.txt is missing"):
+        document_files(docs)
+
+
+@pytest.mark.parametrize("where", ["eval_is_out", "out_is_docs", "eval_is_docs"])
+def test_shards_refuse_out_eval_out_and_docs_in_one_place(corpus, tmp_path, capsys, where):
+    docs, vocab = corpus
+    out, ev = {"eval_is_out": (tmp_path / "s", tmp_path / "s"), "out_is_docs": (docs, tmp_path / "e"),
+               "eval_is_docs": (tmp_path / "s", docs)}[where]  # fmt: skip
+    manifest = (docs / "manifest.json").read_text()
+    assert main(_shards(docs, vocab, out, "--eval-out", str(ev), "--eval-fraction", "0.2")) == 2
+    one_line(capsys.readouterr().err, "a directory of their own" if where == "eval_is_out" else "holds the documents")
+    assert (docs / "manifest.json").read_text() == manifest
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["docs", "--source", "", "--out", "o"], "docs.source (--source, --dump) is empty"),
+        (["docs", "--source", "x.txt", "--out", "o", "--min-doc-chars", "-4"], "(--min-doc-chars) must be >= 0"),
+        (["docs", "--source", "x.txt", "--out", "o", "--workers", "-3"], "(--workers) must be >= 0"),
+        (["wiki", "--dump", "x.xml", "--out", "o", "--workers", "-1"], "(--workers) must be >= 0"),
+        (["vocab", "--docs", "d", "--out", "o", "--unused", "-1"], "(--unused) must be >= 0"),
+        (["shards", "--docs", "d", "--vocab", "v", "--out", "o", "--seed", "-1"], "(--seed) must be >= 0"),
+        (["shards", "--docs", "d", "--vocab", "v", "--out", "o", "--seq-len", "40000"], "at most 32768"),
+        (["shards", "--docs", "d", "--vocab", "v", "--out", "o", "--max-pred", "200"], "more than the 128 tokens"),
+    ],
+)
+def test_bad_flags_are_one_line_before_anything_is_read_or_written(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", *argv]) == 2
+    one_line(capsys.readouterr().err, message)
+    assert not (tmp_path / "o").exists()
+
+
+def test_vocab_on_a_document_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "docs_0.txt").write_bytes(b"caf\xe9 au lait\n")
+    assert (
+        main(["data", "vocab", "--docs", str(tmp_path / "d"), "--out", str(tmp_path / "v"), "--vocab-size", "80"]) == 2
+    )
+    one_line(capsys.readouterr().err, "docs_0.txt is not UTF-8 text")
+    assert not (tmp_path / "v").exists()
+
+
+def test_more_shards_than_open_files_allow_is_refused_at_start(corpus, tmp_path, capsys):
+    import resource
+
+    docs, vocab = corpus
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert main(_shards(docs, vocab, tmp_path / "s", "--shards", str(soft))) == 2
+    one_line(capsys.readouterr().err, f"{soft} shards need {soft} files open at once", "ulimit -n")
+    assert json.loads((docs / "manifest.json").read_text())["files"]  # the documents untouched
