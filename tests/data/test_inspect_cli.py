@@ -190,6 +190,19 @@ def test_cli_chain_and_prepare(tmp_path, tiny_corpus, capsys):
     assert len(list_shards(out / "shards")) == 4 and len(list_shards(out / "eval")) == 1
     man = json.loads((out / "shards" / "manifest.json").read_text())
     assert man["split"] == "train" and man["instances"] > 0
+    # a re-run keeps the vocab; another vocab size retrains it (and the shards follow the new vocab)
+    sets = [f"output_dir={out}", f"docs.source={tiny_corpus}", "docs.min_doc_chars=50", "shards.eval_fraction=0.3"]
+    again = ["data", "prepare", "--config", "demo", *(x for s in [*sets, "shards.dupe_factor=2"] for x in ("--set", s))]
+    capsys.readouterr()
+    assert main([*again, "--set", "vocab.vocab_size=150"]) == 0
+    assert "trained with these settings" in capsys.readouterr().out
+    assert main([*again, "--set", "vocab.vocab_size=120"]) == 0
+    assert len((out / "vocab" / "vocab.txt").read_text().splitlines()) <= 120
+    assert json.loads((out / "vocab" / "trained_with.json").read_text())["vocab_size"] == 120
+    # a BPE vocab trained into a WordPiece vocab's directory leaves no stale vocab.txt beside it
+    bpe = ["data", "vocab", "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "vocab"), "--model", "bpe"]
+    assert main([*bpe, "--vocab-size", "320"]) == 0
+    assert not (tmp_path / "vocab" / "vocab.txt").exists()
 
 
 @pytest.mark.slow

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import write_text
 from bertforge.runtime.signals import sigterm_interrupts
 
 
@@ -226,6 +228,9 @@ def run_vocab(
             log(f"data vocab: BPE vocab size {vocab_size} rounded up to {size} (a multiple of 64)")
         tok = train_bpe(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
         files = "tokenizer.json (byte-level BPE)"
+        if (out / "vocab.txt").is_file():  # an earlier WordPiece vocab's: read beside this one, it would mislead
+            (out / "vocab.txt").unlink()
+            log(f"data vocab: removed {out / 'vocab.txt'}, an earlier WordPiece vocab's (a BPE vocab has none)")
     elif model == "wordpiece":
         tok = train_wordpiece(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
     else:
@@ -267,21 +272,24 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
         cfg.docs.workers or None,
         log,
     )
-    if cfg.vocab.vocab_file:
-        run_vocab(None, vocab_dir, lowercase=cfg.vocab.lowercase, from_vocab=cfg.vocab.vocab_file, log=log)
-    elif _vocab_done(vocab_dir, cfg.vocab.model):
-        log(f"data vocab: {vocab_dir} exists; delete it to retrain")
+    v = cfg.vocab
+    trained_with = {k: getattr(v, k) for k in ("model", "vocab_size", "lowercase", "unused_tokens", "min_frequency")}
+    if v.vocab_file:
+        run_vocab(None, vocab_dir, lowercase=v.lowercase, from_vocab=v.vocab_file, log=log)
+    elif _vocab_done(vocab_dir, v.model) and _trained_with(vocab_dir) in (None, trained_with):
+        log(f"data vocab: {vocab_dir} exists, trained with these settings; delete it to retrain")
     else:
         run_vocab(
             str(docs_dir),
             vocab_dir,
-            cfg.vocab.vocab_size,
-            cfg.vocab.lowercase,
-            cfg.vocab.unused_tokens,
-            cfg.vocab.min_frequency,
+            v.vocab_size,
+            v.lowercase,
+            v.unused_tokens,
+            v.min_frequency,
             log=log,
-            model=cfg.vocab.model,
+            model=v.model,
         )
+        write_text(vocab_dir / TRAINED_WITH, json.dumps(trained_with, indent=1) + "\n")
     s = cfg.shards
     result = run_shards(
         docs_dir,
@@ -297,6 +305,18 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
         + (f", {eval_dir}" if s.eval_fraction > 0 else "")
     )
     return result
+
+
+TRAINED_WITH = "trained_with.json"
+"""The vocab section a `data prepare` vocab was trained with, beside it: a changed size or casing retrains."""
+
+
+def _trained_with(vocab_dir: Path) -> dict[str, Any] | None:
+    """The recorded settings of a prepared vocab; None for a vocab prepared before they were recorded."""
+    try:
+        return json.loads((vocab_dir / TRAINED_WITH).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _vocab_done(vocab_dir: Path, model: str) -> bool:
