@@ -14,6 +14,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 import pytest
+from tests.helpers import one_line
 
 from bertforge.data import documents, wikidump
 
@@ -184,3 +185,24 @@ def test_bad_inputs(tmp_path, bad):
         (tmp_path / bad).write_text("<mediawiki></mediawiki>")
     with pytest.raises(UserError, match="does not exist|no documents"):
         documents.run_wiki(tmp_path / bad, tmp_path / "o", workers=1, log=lambda *_: None)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p.write_text("Plain text, one line.\n"), "is not a MediaWiki XML dump"),
+        (lambda p: p.mkdir(), "is a directory; pass the pages-articles"),
+        (lambda p: p.write_text("<mediawiki></mediawiki>"), "gave no documents"),
+    ],
+    ids=["text-file", "directory", "no-pages"],
+)
+def test_a_dump_that_is_not_one_is_one_line_and_leaves_no_directory(tmp_path, capsys, make, message):
+    from bertforge.cli import main
+
+    make(tmp_path / "dump.xml")
+    assert (
+        main(["data", "wiki", "--dump", str(tmp_path / "dump.xml"), "--out", str(tmp_path / "o"), "--workers", "1"])
+        == 2
+    )
+    one_line(capsys.readouterr().err, message)
+    assert not (tmp_path / "o").exists()

@@ -199,6 +199,7 @@ def _up_to_date(out: Path, settings: dict, log: Callable[[str], None]) -> dict |
 def _finish(out: Path, writer: ShardWriter, counts: dict, settings: dict, t0: float, log) -> dict:
     """Commit the shards (refusing an empty corpus) and write the manifest last."""
     if counts["documents"] == 0:
+        shutil.rmtree(out / "parts", ignore_errors=True)  # `data wiki`'s resumable parts: nothing to resume
         raise UserError(
             f"the corpus {settings['source'] or '(input)'} gave no documents of at least {settings['min_doc_chars']} "
             f"characters ({counts['raw_documents']} read): it is empty or too short"

@@ -50,6 +50,11 @@ class Dump:
 def open_dump(path: str | os.PathLike, index: str | os.PathLike | None = None) -> Dump:
     """Check the dump (and find a multistream dump's index beside it) before any work starts."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(
+            f"Wikipedia dump {p} is a directory; pass the pages-articles .xml or .xml.bz2 file (WikiExtractor "
+            "output and text files go to `bertforge data docs --source`)"
+        )
     if not p.is_file():
         raise UserError(f"Wikipedia dump {p} does not exist")
     compressed = p.name.endswith(".bz2")
@@ -108,6 +113,11 @@ def read_header(dump: Dump, limit: int = 1 << 24) -> bytes:
                 head += block
     except (OSError, EOFError, ValueError) as e:
         raise _corrupt(dump, e) from e
+    if b"<mediawiki" not in head[:4096]:  # a dump opens with it; a text file would give "no documents" later
+        raise UserError(
+            f"{dump.path} is not a MediaWiki XML dump (no <mediawiki> element at its start); pass a pages-articles "
+            "dump, or read text files with `bertforge data docs --source`"
+        )
     at = head.find(b"<page>")
     return head[:at] if at >= 0 else head
 
