@@ -32,7 +32,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
-from bertforge.errors import UserError
+from bertforge.errors import UserError, first_line
 
 Doc = tuple[str, str]
 
@@ -261,6 +261,8 @@ def wikitext_to_text(wikitext: str, drop_prefixes: tuple[str, ...] = ()) -> str:
 def iter_hf(spec: str) -> Iterator[Doc]:
     """Rows of a Hugging Face dataset: a save_to_disk dir, a local data file, or a hub name (online)."""
     name, _, config = spec.partition(":")
+    if not name:
+        raise UserError("hf: names no dataset; use hf:NAME[:CONFIG], a save_to_disk directory or a local data file")
     try:
         import datasets
     except ImportError as e:  # pragma: no cover - datasets is a dependency
@@ -280,9 +282,12 @@ def iter_hf(spec: str) -> Iterator[Doc]:
     except UserError:
         raise
     except Exception as e:  # datasets raises many types (ConnectionError, FileNotFoundError, DatasetNotFoundError)
+        if p.exists():  # a local file or directory: what is wrong is in it, not the network
+            cause = e.__cause__ or e  # DatasetGenerationError wraps the parser's error
+            raise UserError(f"hf:{name}: cannot read {p}: {type(cause).__name__}: {first_line(cause)}") from e
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (offline: HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set; use a local dir or file)" if offline else ""
-        raise UserError(f"cannot load Hugging Face dataset {name!r}{hint}: {type(e).__name__}: {e}") from e
+        raise UserError(f"cannot load Hugging Face dataset {name!r}{hint}: {type(e).__name__}: {first_line(e)}") from e
     if isinstance(ds, datasets.DatasetDict):
         ds = ds["train"] if "train" in ds else ds[next(iter(ds))]
     columns = [c for c, f in ds.features.items() if getattr(f, "dtype", None) in ("string", "large_string")]
