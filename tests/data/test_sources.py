@@ -191,7 +191,7 @@ def test_hf_local_and_offline(tmp_path):
     (tmp_path / "bad.jsonl").write_text("garbage{{{\n")  # a local file's own fault, not the network's
     with pytest.raises(UserError, match=r"hf:.*bad.jsonl: cannot read .*bad.jsonl: .*JSON parse error") as e:
         list(sources.iter_source(f"hf:{tmp_path / 'bad.jsonl'}"))
-    assert "offline" not in str(e.value) and "\n" not in str(e.value)
+    assert "HF_HUB_OFFLINE" not in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(UserError, match="hf: names no dataset"):
         list(sources.iter_source("hf:"))
 
