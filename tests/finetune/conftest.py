@@ -25,12 +25,13 @@ def _sst2(path: Path, n: int) -> Path:
 def _argv(encoder: Path, tmp_path: Path, out: Path, task: str = "sst2", *extra: str) -> list[str]:
     train, dev = _sst2(tmp_path / "train.tsv", 32), _sst2(tmp_path / "dev.tsv", 8)
     sets = ["train.global_batch_size=8", "train.micro_batch_size=8", "train.precision=fp32", "train.device=cpu"]
-    sets += ["train.plot=false", "train.tensorboard=false", "train.log_every=1", *extra]
+    sets += ["train.plot=false", "train.tensorboard=false", "train.log_every=1", "task.max_seq_len=64", *extra]
     argv = ["finetune", "--task", task, "--model", str(encoder), "--train-file", str(train), "--dev-file", str(dev)]
     return [*argv, "--output-dir", str(out), *(x for s in sets for x in ("--set", s))]
 
 
 @pytest.fixture(scope="session")
 def finetune_argv() -> Callable[..., list[str]]:
-    """`finetune_argv(encoder, tmp_path, out, task="sst2", *sets)`: a CPU fp32 SST-2 run (32 rows, batch 8)."""
+    """`finetune_argv(encoder, tmp_path, out, task="sst2", *sets)`: a CPU fp32 SST-2 run (32 rows, batch 8,
+    sequences up to the encoder's 64 positions)."""
     return _argv

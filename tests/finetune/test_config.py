@@ -108,7 +108,9 @@ def test_presets_round_trip(preset, tmp_path, capsys):
     "override,match",
     [
         ("train.eval_every=-1", "eval_every must be >= 0"),
-        ("train.epochs=0", "epochs must be > 0"),
+        ("train.epochs=0", "train.epochs must be a finite number > 0, got 0"),
+        ("train.epochs=nan", "train.epochs must be a finite number > 0, got nan"),
+        ("train.seed=-1", "train.seed must be >= 0, got -1"),
         ("optim.name=sgd", "lamb or adamw"),
         ("train.micro_batch_size=24", "not a multiple"),
     ],

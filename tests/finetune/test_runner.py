@@ -115,6 +115,7 @@ def test_glue_train_save_and_transformers_parity(tiny_model, tmp_path):
         "mrpc_base_128",
         [
             f"train.output_dir={tmp_path / 'out'}",
+            "task.max_seq_len=64",  # the tiny model's positions
             "train.global_batch_size=16",
             "train.micro_batch_size=8",
             "train.epochs=2",
@@ -144,7 +145,7 @@ def test_glue_train_save_and_transformers_parity(tiny_model, tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(ours(**batch).logits.numpy(), hf(**batch).logits.numpy(), atol=1e-5)
     # eval-only on the saved model reproduces the best epoch's metrics
-    cfg2 = load_config("finetune", "mrpc_base_128", [f"train.output_dir={tmp_path / 'eval'}"])
+    cfg2 = load_config("finetune", "mrpc_base_128", [f"train.output_dir={tmp_path / 'eval'}", "task.max_seq_len=64"])
     again = run_finetune(FinetuneRun("mrpc", str(best), None, [str(dev)], eval_only=True), cfg2, log=lambda s: None)
     assert again["best"]["accuracy"] == pytest.approx(summary["best"]["accuracy"])
 
@@ -158,6 +159,7 @@ def test_gradient_accumulation_matches_one_batch(tiny_model, tmp_path):
             None,
             [
                 f"train.output_dir={tmp_path / str(micro)}",
+                "task.max_seq_len=64",  # the tiny model's positions
                 "train.global_batch_size=16",
                 f"train.micro_batch_size={micro}",
                 "train.epochs=1",
@@ -235,6 +237,7 @@ def test_low_precision_steps_are_finite(tiny_model, tmp_path, precision):
         None,
         [
             f"train.output_dir={tmp_path}",
+            "task.max_seq_len=64",  # the tiny model's positions
             "train.global_batch_size=8",
             "train.micro_batch_size=8",
             "train.max_steps=2",
@@ -302,7 +305,7 @@ def test_score_cli_v2_and_errors(tmp_path, capsys):
 
 
 def test_errors(tiny_model, tmp_path):
-    cfg = load_config("finetune", None, [f"train.output_dir={tmp_path}"])
+    cfg = load_config("finetune", None, [f"train.output_dir={tmp_path}", "task.max_seq_len=64"])
     with pytest.raises(UserError, match="--train-file"):
         run_finetune(FinetuneRun("rte", str(tiny_model), None, [str(tmp_path / "dev.tsv")]), cfg)
     with pytest.raises(UserError, match="does not exist"):
@@ -341,6 +344,8 @@ def test_torchrun_two_processes_match_one(tiny_model, tmp_path):
         "model.attention_dropout=0",
         "--set",
         "train.precision=fp32",
+        "--set",
+        "task.max_seq_len=64",
     ]  # auto picks bf16 on a native-bf16 CPU
     assert main(["finetune", *common, "--output-dir", str(tmp_path / "one"), "--set", "train.micro_batch_size=16"]) == 0
     import socket
@@ -474,6 +479,7 @@ def test_roberta_squad_and_glue(tiny_roberta, tmp_path):
         None,
         [
             f"train.output_dir={tmp_path / 'gl'}",
+            "task.max_seq_len=64",  # the tiny model's positions
             "train.global_batch_size=8",
             "train.micro_batch_size=8",
             "train.epochs=1",
@@ -556,6 +562,7 @@ def _cfg(tmp_path, *extra):
         None,
         [
             f"train.output_dir={tmp_path}",
+            "task.max_seq_len=64",  # the tiny model's positions
             "train.global_batch_size=8",
             "train.micro_batch_size=4",
             "train.epochs=1",

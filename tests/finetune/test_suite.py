@@ -204,3 +204,78 @@ def test_suite_flags_are_refused_for_one_task(encoder, tmp_path, capsys):
     assert "--seeds belong to --task glue" in capsys.readouterr().err
     assert main(["finetune", "--task", "glue", "--model", str(encoder)])
     assert "needs --glue-dir" in capsys.readouterr().err
+
+
+def _fails_before_any_run(argv: list[str], out: Path, capsys, monkeypatch) -> str:
+    """rc 2, one line, no run started and no result written."""
+    from bertforge.finetune import runner
+
+    started = []
+    monkeypatch.setattr(runner, "run_finetune", lambda *a, **k: started.append(a))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert not started and not (out / "results").exists()
+    return err
+
+
+def test_every_input_is_checked_before_the_first_run(encoder, tmp_path, capsys, monkeypatch):
+    """A bad last task's dev file, a bad lr or seed of the grid, a result file of another recipe, --epochs 0:
+    refused before CoLA trains, not hours into the grid."""
+    glue_dir = write_glue(tmp_path / "glue", tasks=("cola", "wnli"))
+    out = tmp_path / "out"
+    bad = glue_dir / "WNLI" / "dev.tsv"
+    good = bad.read_text()
+    bad.write_text(good.replace("\t0\n", "\tmaybe\n", 1))
+    err = _fails_before_any_run(_argv(encoder, glue_dir, out), out, capsys, monkeypatch)
+    assert f"{bad}:" in err and "label 'maybe' is not one of 0, 1" in err
+    bad.write_text(good)
+    err = _fails_before_any_run(_argv(encoder, glue_dir, out, "--lrs", "2e-5,-1"), out, capsys, monkeypatch)
+    assert "--task glue, lr -1, seed 42: optim.lr must be a finite number > 0, got -1.0" in err
+    err = _fails_before_any_run(_argv(encoder, glue_dir, out, "--seeds", "1,-1"), out, capsys, monkeypatch)
+    assert "--task glue, lr 2e-05, seed -1: train.seed must be >= 0, got -1" in err
+    argv = [*_argv(encoder, glue_dir, out), "--epochs", "0"]  # the last --epochs counts
+    assert "train.epochs must be a finite number > 0, got 0.0" in _fails_before_any_run(argv, out, capsys, monkeypatch)
+    other = suite.result_path(out, "wnli", 2e-5, 42)
+    other.parent.mkdir(parents=True)
+    other.write_text(json.dumps({"fingerprint": {"model": "another"}}))
+    started = []
+    monkeypatch.setattr("bertforge.finetune.runner.run_finetune", lambda *a, **k: started.append(a))
+    assert main(_argv(encoder, glue_dir, out)) == 2
+    assert "is the result of another model or recipe" in capsys.readouterr().err and not started
+
+
+def test_a_signal_stops_the_suite_in_one_line_and_a_rerun_goes_on(encoder, tmp_path, capsys, monkeypatch):
+    """SIGTERM in the second run: its interrupted/ saved, one line, exit 143; the re-run keeps the first run's
+    result and runs the second again."""
+    import os
+    import signal
+
+    from bertforge.finetune import runner
+
+    glue_dir = write_glue(tmp_path / "glue", tasks=("rte",))
+    out = tmp_path / "out"
+    argv = _argv(encoder, glue_dir, out, "--seeds", "1,2")
+    real_step, real_run = runner.train_step, runner.run_finetune
+    runs = []
+
+    def signalled(step_fn, *args, **kwargs):
+        if runs[-1] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop finishes this update, then stops
+        return real_step(step_fn, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "train_step", signalled)
+    monkeypatch.setattr(
+        runner, "run_finetune", lambda r, c, log=print: runs.append(c.train.seed) or real_run(r, c, log)
+    )
+    assert main(argv) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("bertforge finetune: received SIGTERM: saved the model after update 1 as ")
+    assert err[-1].endswith(f"the finished runs are in {out / 'results'}: run the same command again to go on")
+    assert (out / "runs" / "rte" / "lr2e-05_seed2" / "interrupted" / "config.json").is_file()
+    assert [p.name for p in (out / "results" / "rte").iterdir()] == ["lr2e-05_seed1.json"]
+    monkeypatch.setattr(runner, "train_step", real_step)
+    runs.clear()
+    assert main(argv) == 0
+    assert runs == [2]  # seed 1 was done
+    assert len(json.loads((out / "glue_results.json").read_text())["runs"]) == 2

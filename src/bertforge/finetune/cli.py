@@ -49,8 +49,9 @@ def finetune_add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="the output dir holds best/ of another task or model: delete it (and interrupted/) and start afresh "
-        "(without it such a directory is refused); --task glue: re-run results another model or recipe wrote",
+        help="the output dir holds another run (best/ of another task or model, a training run's logs for "
+        "--eval-only, a pre-training run): delete its records and start afresh, once every start-up check has "
+        "passed (without it such a directory is refused); --task glue: re-run results another model or recipe wrote",
     )
     p.add_argument("--epochs", type=float, help="shortcut for --set train.epochs=N")
     g = p.add_argument_group("GLUE suite (--task glue)")
@@ -75,8 +76,9 @@ def finetune_run(args: argparse.Namespace) -> int:
     if args.task == "glue":
         return _suite_run(args)
     _refuse_suite_flags(args)
+    _refuse_conflicting_data_flags(args)
     overrides = list(args.set) + ([f"train.output_dir={args.output_dir}"] if args.output_dir else [])
-    overrides += [f"train.epochs={args.epochs}"] if args.epochs else []
+    overrides += [f"train.epochs={args.epochs}"] if args.epochs is not None else []  # 0 is refused, not ignored
     preset = args.config or ("squad_base_384" if args.task in SQUAD_TASKS else "glue_default")
     cfg = load_config("finetune", preset, overrides)
     train, devs = args.train_file, list(args.dev_file)
@@ -126,8 +128,19 @@ def _refuse_suite_flags(args: argparse.Namespace) -> None:
         raise UserError(f"{', '.join(given)} belong to --task glue (the GLUE suite); --task {args.task} is one run")
 
 
+def _refuse_conflicting_data_flags(args: argparse.Namespace) -> None:
+    """A flag the run would ignore is refused: the user meant it to count."""
+    if args.dataset and (args.glue_dir or args.train_file or args.dev_file):
+        raise UserError(
+            f"--dataset {args.dataset} is the data; --glue-dir/--train-file/--dev-file name TSV files: pass one of them"
+        )
+    if args.eval_only and args.train_file:
+        raise UserError(f"--eval-only trains nothing: drop --train-file {args.train_file}")
+
+
 def _suite_run(args: argparse.Namespace) -> int:
     from bertforge.finetune.suite import SuiteOptions, run_suite
+    from bertforge.runtime.preempt import Preempted
 
     if not args.glue_dir:
         raise UserError("--task glue needs --glue-dir (a glue_data directory with <TASK>/train.tsv and dev files)")
@@ -151,7 +164,11 @@ def _suite_run(args: argparse.Namespace) -> int:
         keep_models=args.keep_models,
         overwrite=args.overwrite,
     )
-    table = run_suite(opts)
+    try:
+        table = run_suite(opts)
+    except Preempted as e:  # one line and 143/130, as one fine-tuning run; a re-run goes on from here
+        print(f"bertforge finetune: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
     print(json.dumps({"average": table["average"], "output_dir": opts.output_dir}))
     return 0
 

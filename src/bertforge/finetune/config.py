@@ -11,9 +11,10 @@ Configs written before the sections (flat keys: `lr`, `batch_size`, `max_seq_len
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
-from bertforge.config import OptimConfig, TrainConfig
+from bertforge.config import OptimConfig, TrainConfig, dropout_overrides
 from bertforge.errors import ConfigError
 
 
@@ -34,8 +35,7 @@ class FinetuneModelConfig:
 
     def overrides(self) -> dict[str, float] | None:
         """The BertConfig fields (Hugging Face names) to replace in the checkpoint's config, None for none."""
-        pairs = {"hidden_dropout_prob": self.hidden_dropout, "attention_probs_dropout_prob": self.attention_dropout}
-        return {k: v for k, v in pairs.items() if v is not None} or None
+        return dropout_overrides(self.hidden_dropout, self.attention_dropout)
 
 
 @dataclasses.dataclass
@@ -79,8 +79,10 @@ class FinetuneTrainConfig(TrainConfig):
         TrainConfig.validate(dataclasses.replace(self, eval_every=max(self.eval_every, 1)))
         if self.eval_every < 0:
             raise ConfigError(f"train.eval_every must be >= 0, got {self.eval_every}")
-        if self.epochs <= 0:
-            raise ConfigError(f"train.epochs must be > 0, got {self.epochs}")
+        if not 0 < self.epochs < math.inf:  # NaN fails too
+            raise ConfigError(f"train.epochs must be a finite number > 0, got {self.epochs}")
+        if self.seed < 0:  # numpy's generators (the data order) take no negative seed
+            raise ConfigError(f"train.seed must be >= 0, got {self.seed}")
         if self.eval_batch_size < 1:
             raise ConfigError(f"train.eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if self.cuda_graphs and not self.pad_to_max_length:
@@ -134,6 +136,8 @@ class TaskConfig:
 
     def validate_squad(self) -> None:
         """The SQuAD-only checks, for a SQuAD task (a GLUE task at max_seq_len 64 must not fail on them)."""
+        if self.max_query_len < 1:  # a question cut to nothing (or to all but its last tokens) is not asked
+            raise ConfigError(f"task.max_query_len must be >= 1 (question tokens kept), got {self.max_query_len}")
         if self.max_query_len + 4 >= self.max_seq_len:
             raise ConfigError(
                 f"task.max_query_len {self.max_query_len} leaves no room for context in "

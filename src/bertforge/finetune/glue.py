@@ -99,10 +99,7 @@ def get_task(name: str) -> TaskSpec:
 def read_tsv(path: str | Path, spec: TaskSpec) -> GlueExamples:
     """Read one GLUE TSV file into examples; errors name the file and line."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"GLUE file {path} does not exist; point --train-file/--dev-file at glue_data/{spec.dir}/*.tsv")
-    text = path.read_text(encoding="utf-8-sig")  # utf-8-sig drops a byte-order mark (MRPC has one)
-    lines = text.split("\n")
+    lines = _read_lines(path, spec)
     if lines and lines[-1] == "":
         lines.pop()
     texts: list[tuple[str, ...]] = []
@@ -122,6 +119,28 @@ def read_tsv(path: str | Path, spec: TaskSpec) -> GlueExamples:
         shape = "only a header" if lines else "empty"
         raise UserError(f"GLUE file {path} has no examples ({shape}); give the task's train.tsv/dev.tsv with rows")
     return GlueExamples(texts, labels, str(path))
+
+
+def _read_lines(path: Path, spec: TaskSpec) -> list[str]:
+    """The file's lines (a UTF-8 byte-order mark dropped: MRPC has one); a path that is not a readable UTF-8
+    file is a UserError naming it (and, for bad bytes, the line and byte)."""
+    where = f"point --train-file/--dev-file at glue_data/{spec.dir}/*.tsv"
+    if path.is_dir():
+        raise UserError(f"GLUE file {path} is a directory, not a TSV file; {where}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"GLUE file {path} does not exist; {where}") from None
+    except OSError as e:
+        raise UserError(f"GLUE file {path} cannot be read ({e.strerror}); {where}") from None
+    try:
+        return data.decode("utf-8-sig").split("\n")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(
+            f"GLUE file {path} is not UTF-8 text (line {line}, byte {e.start}: {e.reason}); save it as UTF-8, "
+            "as download_glue_data.py writes it"
+        ) from None
 
 
 def parse_label(raw: str, spec: TaskSpec, where: str) -> int | float:

@@ -14,12 +14,14 @@ optimizer named by optim.name (`bertforge.optim`), the schedule named by optim.s
 (`bertforge.optim.schedule`), the training step (`bertforge.runtime.step`), distributed set-up and the metrics
 logger (`bertforge.runtime`), device, precision and autocast (`bertforge.device`).
 
-Nothing of an earlier run is replaced unannounced: `best/` records the task and model it came from
-(`bertforge_finetune.json`); an output_dir whose best/ came from another task or model (or from nowhere known) is
-refused unless `overwrite` (which deletes it), and replacing an earlier run's best/ of the same task and model is
-said in one line. SIGTERM/SIGINT stop training at the next update with the current model saved as
-`interrupted/` (Hugging Face format); fine-tuning does not resume — it is short: run it again. A run that fails
-before its first logged step (bad input, a crash in the first updates) leaves no new output directory behind.
+Nothing of an earlier run is replaced unannounced: a run records its task and model (and whether it only
+evaluated) in output_dir/`bertforge_finetune.json`, and `best/` its own origin; an output_dir holding another
+run's records (another task or model, training vs --eval-only, pre-training, or unknown) is refused unless
+`overwrite`, which deletes them once every start-up check has passed; replacing an earlier run's best/ of the
+same task and model is said in one line. SIGTERM/SIGINT stop training at the next update with the current model
+saved as `interrupted/` (Hugging Face format), and stop set-up at once; fine-tuning does not resume — it is
+short: run it again. A run that fails or is stopped before its first logged step (bad input, a crash in the
+first updates) leaves no new output directory behind.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import dataclasses
 import json
 import math
 import shutil
+import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -51,8 +54,9 @@ from bertforge.runtime import distributed as D
 from bertforge.runtime.choices import apply_model_choices
 from bertforge.runtime.io import output_dir, write_text
 from bertforge.runtime.metrics import MetricsLogger
-from bertforge.runtime.preempt import Preemption
+from bertforge.runtime.preempt import Preempted, Preemption
 from bertforge.runtime.progress import Progress
+from bertforge.runtime.signals import Terminated, sigterm_interrupts
 from bertforge.runtime.step import TrainStep, set_lr, train_step, wants_segments
 
 SQUAD_TASKS = ("squad", "squad_v2")
@@ -307,24 +311,92 @@ def glue_task_data(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
 
 # ------------------------------------------------------------------------------------------- model I/O
 def load_model(
-    model_dir: str, head: str, num_labels: int, attention: str = "auto", config_overrides: dict[str, Any] | None = None
+    model_dir: str,
+    head: str,
+    num_labels: int,
+    attention: str = "auto",
+    config_overrides: dict[str, Any] | None = None,
+    training: bool = True,
+    say: Callable[[str], None] = print,
 ):
     """The --model checkpoint with a `head` (`config_overrides`: BertConfig fields in Hugging Face names, the
-    dropout rates of `FinetuneModelConfig.overrides()`)."""
+    dropout rates of `FinetuneModelConfig.overrides()`). Training starts a head the checkpoint lacks, or has at
+    another size (another task's label count), from a fresh init; an evaluation refuses both (it would score an
+    untrained head)."""
     from bertforge.model import hf_interop
 
-    path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        raise UserError(f"--model {model_dir}: not a Hugging Face-format model directory (no config.json)")
-    # a pre-trained encoder has no head for this task yet: the head starts from its fresh init
-    return hf_interop.load_pretrained(
-        path,
+    check_model_dir(model_dir)
+    model, config = hf_interop.load_pretrained(
+        Path(model_dir),
         head,
         num_labels=num_labels,
         attention=attention,
         allow_missing_head=True,
+        reinit_mismatched_head=True,
         config_overrides=config_overrides,
     )
+    resized = model.hf_load_info["reinitialised"]
+    if training and resized:
+        say(
+            f"--model {model_dir}: {_other_head(model_dir, resized)}, this task needs {num_labels}: it starts from "
+            "a fresh init (transformers' ignore_mismatched_sizes)"
+        )
+    elif not training:
+        _check_trained_head(model_dir, head, num_labels, model.hf_load_info)
+    return model, config
+
+
+def _other_head(model_dir: str, keys: list[str]) -> str:
+    """'its head (classifier.weight, ...) has 3 outputs (fine-tuned for another task)', the count from
+    config.json's id2label."""
+    from bertforge.model.hf_interop import label_names_of
+
+    raw = _read_json(Path(model_dir) / "config.json")
+    labels = label_names_of(raw) if isinstance(raw, dict) else None
+    size = f"{len(labels)} outputs" if labels else "another size"
+    return f"its head ({', '.join(keys)}) has {size} (fine-tuned for another task)"
+
+
+def _check_trained_head(model_dir: str, head: str, num_labels: int, info: dict[str, list[str]]) -> None:
+    """--eval-only scores the checkpoint's own head: refuse one it lacks or has at another size."""
+    advice = "pass the best/ of a run fine-tuned on this task, or fine-tune this model (without --eval-only)"
+    if info["reinitialised"]:
+        raise UserError(
+            f"--model {model_dir}: {_other_head(model_dir, info['reinitialised'])}, this task needs {num_labels}; "
+            f"--eval-only scores a model's own head: {advice}"
+        )
+    if info["initialised"]:
+        raise UserError(
+            f"--model {model_dir} has no fine-tuned {head} head ({', '.join(info['initialised'])} missing), and "
+            f"--eval-only would score an untrained one: {advice}"
+        )
+
+
+def check_model_dir(model_dir: str) -> None:
+    """A Hugging Face-format model directory, or a one-line error; for a pre-training run or one of its
+    checkpoints, it names the model directory inside."""
+    from bertforge.train.checkpoint import MODEL_DIR, latest_checkpoint
+
+    path = Path(model_dir)
+    if (path / "config.json").is_file():
+        return
+    hint = ""
+    if (path / MODEL_DIR / "config.json").is_file():
+        hint = f"; this is a checkpoint: its model is {path / MODEL_DIR}"
+    elif (found := latest_checkpoint(path / "checkpoints")) is not None:
+        hint = f"; this is a pre-training run: the model of its latest checkpoint is {found.model_dir}"
+    raise UserError(f"--model {model_dir}: not a Hugging Face-format model directory (no config.json){hint}")
+
+
+def check_seq_len(model_dir: str, max_seq_len: int, mconfig) -> None:
+    """A sequence longer than the model's position table fails deep into training (IndexError, or a device-side
+    assert on GPU): refuse it at start-up."""
+    limit = mconfig.usable_positions
+    if max_seq_len > limit:
+        raise UserError(
+            f"task.max_seq_len {max_seq_len} is longer than --model {model_dir} takes ({limit} positions, "
+            f"max_position_embeddings in its config.json): set task.max_seq_len={limit} or less"
+        )
 
 
 def save_model(model, config, src_dir: str, out: Path, head: str, label_names: Sequence[str] | None) -> None:
@@ -349,38 +421,95 @@ def check_vocab(model_dir: str, tokenizer, vocab_size: int) -> None:
         )
 
 
-# what best/ records of the run that wrote it
+# what a run records of itself, at the top of its output_dir and in best/: its task and --model
 ORIGIN_FILE = "bertforge_finetune.json"
+# a fine-tuning run's outputs besides pre-training's `RUN_OUTPUTS`: what --overwrite deletes
+FINETUNE_OUTPUTS = ("best", "interrupted", ORIGIN_FILE)
+PREDICTION_FILES = ("predictions*.json", "nbest_predictions*.json", "null_odds*.json")
 
 
 def _origin(run: FinetuneRun) -> dict[str, str]:
     return {"task": run.task, "model": str(Path(run.model).resolve())}
 
 
-def check_output_dir(run: FinetuneRun, out_dir: Path, say: Callable[[str], None], delete: bool = True) -> None:
-    """Refuse an output_dir whose best/ another task or model wrote, unless `run.overwrite` (then `delete`
-    it: rank 0)."""
-    best = out_dir / "best"
-    if run.eval_only or not best.exists():
-        return
+def _record(run: FinetuneRun) -> dict[str, Any]:
+    """What output_dir/ORIGIN_FILE says of the run that wrote the directory's records."""
+    return {**_origin(run), "eval_only": run.eval_only}
+
+
+def _read_json(path: Path) -> Any:
     try:
-        earlier = json.loads((best / ORIGIN_FILE).read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        earlier = None
-    if earlier == _origin(run) and not run.overwrite:
+        return None
+
+
+def _earlier_record(out_dir: Path) -> Any:
+    """The record of the run that wrote out_dir (directories from before the top-level record: best/'s)."""
+    top = _read_json(out_dir / ORIGIN_FILE)
+    if top is not None:
+        return top
+    best = _read_json(out_dir / "best" / ORIGIN_FILE)
+    return {**best, "eval_only": False} if isinstance(best, dict) else None
+
+
+def run_records(out_dir: Path) -> list[Path]:
+    """The records of a run, fine-tuning's or pre-training's, in out_dir (what --overwrite deletes); empty
+    when it holds none (an empty metrics.jsonl or a lone record file is a start that failed)."""
+    from bertforge.train.loop import RUN_OUTPUTS, holds_run
+
+    held = [out_dir / n for n in ("best", "interrupted", "summary.json") if (out_dir / n).exists()]
+    if not held and not holds_run(out_dir):
+        return []
+    names = dict.fromkeys((*FINETUNE_OUTPUTS, *RUN_OUTPUTS))  # in order, once
+    found = [out_dir / n for n in names if (out_dir / n).exists()]
+    return found + sorted(p for pattern in PREDICTION_FILES for p in out_dir.glob(pattern))
+
+
+def check_output_dir(run: FinetuneRun, out_dir: Path) -> None:
+    """Refuse an output_dir holding another run's records (fine-tuning of another task or model, or with(out)
+    --eval-only; pre-training; unknown) unless `run.overwrite`, which `claim_output_dir` carries out once every
+    check has passed. The same fine-tune again goes ahead: fine-tuning does not resume, it runs again."""
+    _check_model_outside(run, out_dir)
+    held = run_records(out_dir)
+    earlier = _earlier_record(out_dir)
+    if not held or run.overwrite or earlier == _record(run):
         return  # the same fine-tune again: keep_best says when it replaces best/
-    if not run.overwrite:
-        what = f"task {earlier.get('task')}, model {earlier.get('model')}" if isinstance(earlier, dict) else "unknown"
-        raise UserError(
-            f"train.output_dir {out_dir} holds an earlier run's best/ ({what}); pass --overwrite to delete it, "
-            "or choose another --output-dir"
-        )
-    if not delete:
-        return
-    gone = [n for n in ("best", "interrupted") if (out_dir / n).is_dir()]
-    for name in gone:
-        shutil.rmtree(out_dir / name)
-    say(f"--overwrite: deleted the earlier run's {' and '.join(f'{n}/' for n in gone)} in {out_dir}")
+    names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in held if p.name != ORIGIN_FILE)
+    if isinstance(earlier, dict):
+        what = f"fine-tuning: task {earlier.get('task')}, model {earlier.get('model')}"
+        what += ", --eval-only" if earlier.get("eval_only") else ""
+    else:
+        what = "pre-training" if (out_dir / "checkpoints").is_dir() else "origin unknown"
+    raise UserError(
+        f"train.output_dir {out_dir} holds an earlier run's {names} ({what}); pass --overwrite to delete it, or "
+        "choose another --output-dir"
+    )
+
+
+def _check_model_outside(run: FinetuneRun, out_dir: Path) -> None:
+    """--model inside what a run in out_dir replaces (best/, interrupted/) or --overwrite deletes: refused."""
+    model = Path(run.model).resolve()
+    for name in ("best", "interrupted", "checkpoints"):
+        if model.is_relative_to((out_dir / name).resolve()):
+            raise UserError(
+                f"--model {run.model} is inside train.output_dir {out_dir}, whose {name}/ this run would replace "
+                "or delete; choose another --output-dir"
+            )
+
+
+def claim_output_dir(run: FinetuneRun, out_dir: Path, say: Callable[[str], None]) -> None:
+    """Rank 0, once every input has passed its checks: delete an earlier run's records (`run.overwrite`), then
+    record this run. Nothing in output_dir changes before this, so a refused start leaves an earlier run as it
+    was."""
+    gone = run_records(out_dir) if run.overwrite else []
+    if gone:
+        names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in gone if p.name != ORIGIN_FILE)
+        for p in gone:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        say(f"--overwrite: deleted the earlier run's {names} in {out_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)  # run_finetune has made it; a caller of setup alone may not have
+    write_text(out_dir / ORIGIN_FILE, json.dumps(_record(run), indent=1))
 
 
 # ---------------------------------------------------------------------------------------------- set-up
@@ -401,6 +530,8 @@ class Session:
     """The bare model (what evaluation runs and `best/` saves)."""
     mconfig: Any
     logger: MetricsLogger
+    step_fn: TrainStep | None = None
+    """The optimizer and training step (None when only evaluating)."""
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     best: dict[str, Any] | None = None
     train_s: float = 0.0
@@ -413,15 +544,11 @@ class Session:
 
 
 def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> Session:
-    """Check the inputs, join the process group, load the tokenizer, the model and the task's data, then
-    open the metrics log: a bad input fails before anything is written or deleted."""
+    """Check the inputs, join the process group, load the tokenizer, the model and the task's data, build the
+    optimizer, then claim the output dir and open the metrics log: a bad input fails before anything is written
+    or deleted."""
     t = cfg.train
-    if run.task not in ALL_TASKS:
-        raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")
-    if not run.dev_files and not run.dataset:
-        raise UserError(f"--task {run.task}: give --dev-file (evaluation data) or --dataset")
-    if not (Path(run.model) / "config.json").is_file():
-        raise UserError(f"--model {run.model}: not a Hugging Face-format model directory (no config.json)")
+    _check_run(run)
     info, device = D.init_distributed(t.device)
     dev.check_compile_toolchain(device, compile_keys(t, cfg.optim))
     if t.global_batch_size % (t.micro_batch_size * info.world_size):
@@ -431,14 +558,16 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
         )
     out_dir = Path(t.output_dir)
     say = log if info.is_main else (lambda s: None)
-    check_output_dir(run, out_dir, say, delete=False)  # every rank: all refuse, or none
+    check_output_dir(run, out_dir)  # every rank: all refuse, or none
     torch.manual_seed(t.seed)
     precision = dev.resolve_precision(t.precision, device)
 
     t_setup = time.perf_counter()
     tokenizer = load_tokenizer(run.model)
-    model, mconfig = load_model(run.model, *task_head(run.task), t.attention, cfg.model.overrides())
+    head, num_labels = task_head(run.task)
+    model, mconfig = load_model(run.model, head, num_labels, t.attention, cfg.model.overrides(), not run.eval_only, say)
     check_vocab(run.model, tokenizer, mconfig.vocab_size)  # before tokenizing: a mismatch fails in seconds
+    check_seq_len(run.model, cfg.task.max_seq_len, mconfig)
     task = run.task_data or (
         _squad_task(run, cfg.task, tokenizer, out_dir, say)
         if run.task in SQUAD_TASKS
@@ -446,29 +575,40 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     )
     apply_model_choices(model, t)
     model.to(device)
-    check_output_dir(run, out_dir, say, delete=info.is_main)  # --overwrite deletes once every input has loaded
+    # the optimizer checks its settings here: before anything is deleted
+    training = not run.eval_only and task.train is not None
+    step_fn = build_step(model, cfg, device, precision, info) if training else None
+    if info.is_main:
+        claim_output_dir(run, out_dir, say)  # --overwrite deletes once every input has passed its checks
     logger = MetricsLogger(out_dir, is_main=info.is_main, tensorboard=t.tensorboard, stream=_Printer(say))
     say(
         f"finetune {run.task} | {run.model} | {device} {precision} x{info.world_size} | "
         f"train {len(task.train) if task.train else 0} rows | eval {sum(len(e[1]) for e in task.evals)} rows | "
         f"{cfg.optim.name} lr {cfg.optim.lr:g} | setup {time.perf_counter() - t_setup:.1f}s"
     )
-    return Session(run, cfg, info, device, precision, out_dir, say, task, model, mconfig, logger)
+    return Session(run, cfg, info, device, precision, out_dir, say, task, model, mconfig, logger, step_fn)
 
 
-def build_step(s: Session) -> TrainStep:
+def _check_run(run: FinetuneRun) -> None:
+    if run.task not in ALL_TASKS:
+        raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")
+    if not run.dev_files and not run.dataset:
+        raise UserError(f"--task {run.task}: give --dev-file (evaluation data) or --dataset")
+    check_model_dir(run.model)
+
+
+def build_step(
+    model: torch.nn.Module, cfg: FinetuneConfig, device: torch.device, precision: str, info: D.DistInfo
+) -> TrainStep:
     """The optimizer named by optim.name and the one training step (DDP wrapper when distributed)."""
-    o = s.cfg.optim
-    optimizer = build_optimizer(
-        s.model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, s.device.type, o.compile
-    )
-    wrapper = D.wrap_ddp(s.model, s.device, s.info) if s.info.distributed else None
-    t = s.cfg.train
+    o, t = cfg.optim, cfg.train
+    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type, o.compile)
+    wrapper = D.wrap_ddp(model, device, info) if info.distributed else None
     return TrainStep.build(
-        s.model,
+        model,
         optimizer,
-        s.device,
-        s.precision,
+        device,
+        precision,
         o.max_grad_norm,
         compile_mode(t),
         wrapper,
@@ -546,13 +686,12 @@ def train(s: Session, preempt: Preemption | None = None) -> None:
     """for epoch -> for global batch: lr, one `train_step` over this rank's micro-batches -> every N: log /
     evaluate; evaluate and keep the best model at each epoch's end. `preempt`: read after each update; set,
     the model is saved as interrupted/ and `Preempted` raised."""
-    t, o, data = s.cfg.train, s.cfg.optim, s.task.train
-    assert data is not None, "run_finetune trains only a task with training rows"
+    t, o, data, step_fn = s.cfg.train, s.cfg.optim, s.task.train, s.step_fn
+    assert data is not None and step_fn is not None, "run_finetune trains only a task with training rows"
     steps_per_epoch = math.ceil(len(data) / t.global_batch_size)
     total = max(1, math.ceil(steps_per_epoch * t.epochs))
     total = min(total, t.max_steps) if t.max_steps else total
     s.logger.total_steps = total
-    step_fn = build_step(s)
     if notice := compile_notice(t):
         s.say(notice)
     rng = np.random.default_rng(t.seed)  # same order on every rank: each takes its slice of each batch
@@ -681,22 +820,43 @@ def run_finetune(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], Non
     summary.json}.
 
     Under torchrun (or mpirun/srun) every rank takes its share of each optimizer batch and DDP averages the
-    gradients (one all-reduce per update); rank 0 evaluates and writes.
+    gradients (one all-reduce per update); rank 0 evaluates and writes. SIGTERM/SIGINT during training save
+    interrupted/ at the next update; during set-up (reading, tokenizing) they stop it at once and leave no new
+    directory; both raise `Preempted`.
     """
-    with _run_dir(Path(cfg.train.output_dir)):
-        s = setup(run, cfg, log)
-        try:
-            if run.eval_only or s.task.train is None:
-                if s.info.is_main:  # nothing trained: nothing to save
-                    s.best = {"epoch": 0, **evaluate(s, 0)}
-                    s.history.append(s.best)
-            else:
-                with Preemption() as preempt:
-                    train(s, preempt)
-            return finish(s)
-        finally:
-            s.logger.close()
-            D.cleanup()
+    started = False
+    try:
+        # a signal raises at once until the training loop's Preemption takes it (nested: no moment unhandled)
+        with sigterm_interrupts(), _run_dir(Path(cfg.train.output_dir)):
+            s = setup(run, cfg, log)
+            started = True
+            return _train_or_evaluate(s)
+    except KeyboardInterrupt as e:
+        if started:  # a second signal in training, or one while evaluating or writing: the CLI says so
+            raise
+        raise preempted(e, "stopped during set-up, before training") from None
+
+
+def preempted(e: KeyboardInterrupt, what: str) -> Preempted:
+    """A signal that stopped work with no update to stop at (set-up, tokenizing) as `Preempted`: the CLI prints
+    "received SIGTERM: <what>" and exits 128 + the signal, as after a stop in training."""
+    sig = signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT
+    return Preempted(f"received {sig.name}: {what}", sig)
+
+
+def _train_or_evaluate(s: Session) -> dict[str, Any]:
+    try:
+        if s.step_fn is None:
+            if s.info.is_main:  # nothing trained: nothing to save
+                s.best = {"epoch": 0, **evaluate(s, 0)}
+                s.history.append(s.best)
+        else:
+            with Preemption() as preempt:
+                train(s, preempt)
+        return finish(s)
+    finally:
+        s.logger.close()
+        D.cleanup()
 
 
 @contextlib.contextmanager

@@ -62,6 +62,10 @@ def read_squad(
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"SQuAD file {path} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"SQuAD file {path} is a directory; give the SQuAD JSON file (e.g. train-v1.1.json)") from None
+    except OSError as e:
+        raise UserError(f"SQuAD file {path} cannot be read ({e.strerror})") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"SQuAD file {path} is not valid JSON: {e}") from None
     data = _field(raw, "data", list, path, "the top level")

@@ -288,7 +288,7 @@ def run_config(opts: SuiteOptions, lr: float | None = None, seed: int | None = N
     """The fine-tuning config of one run: the preset, the user's overrides, then the suite's own."""
     from bertforge.config import load_config
 
-    sets = list(opts.overrides) + ([f"train.epochs={opts.epochs}"] if opts.epochs else [])
+    sets = list(opts.overrides) + ([f"train.epochs={opts.epochs}"] if opts.epochs is not None else [])
     sets += [f"optim.lr={lr}"] if lr is not None else []
     sets += [f"train.seed={seed}"] if seed is not None else []
     sets += [f"train.output_dir={run_dir}"] if run_dir is not None else []
@@ -325,31 +325,86 @@ def run_one(opts: SuiteOptions, task: str, lr: float, seed: int, data, log: Call
 def run_suite(
     opts: SuiteOptions, log: Callable[[str], None] = print, cache: FeatureCache | None = None
 ) -> dict[str, Any]:
-    """Every (task, lr, seed) not yet done, then the table (returned and written to output_dir)."""
+    """Every (task, lr, seed) not yet done, then the table (returned and written to output_dir). Every input is
+    checked first (`preflight`): a bad file or setting fails before the first run, not hours into the grid.
+    SIGTERM/SIGINT raise `Preempted` (after the run in progress saved its interrupted/); a re-run goes on."""
+    from bertforge.finetune.runner import preempted
+    from bertforge.runtime.preempt import Preempted
+    from bertforge.runtime.signals import sigterm_interrupts
+
+    out = Path(opts.output_dir)
+    resume = f"the finished runs are in {out / 'results'}: run the same command again to go on"
+    try:
+        with sigterm_interrupts():  # while tokenizing too (the runs' own set-up and training catch their own)
+            return _run_grid(opts, out, log, cache)
+    except Preempted as e:
+        raise Preempted(f"{e}; {resume}", e.exit_code - 128) from None
+    except KeyboardInterrupt as e:
+        raise preempted(e, f"stopped the GLUE suite; {resume}") from None
+
+
+def preflight(opts: SuiteOptions, log: Callable[[str], None]) -> tuple[list[str], list[float], Any]:
+    """Check every input of the grid before the first run: the seeds, each task's TSV files (read, then
+    dropped: memory stays one file's), each (lr, seed)'s config, the model's config.json and tokenizer against
+    the config. Returns the tasks, the lrs and the base config."""
+    from bertforge.data.vocab import load_tokenizer
+    from bertforge.finetune.runner import check_model_dir, check_seq_len, check_vocab
+
     if not opts.seeds:
         raise UserError("--seeds: give at least one seed")
-    out = Path(opts.output_dir)
     tasks = present_tasks(opts.glue_dir, opts.tasks, log)
     base = run_config(opts)
     lrs = list(opts.lrs) or [base.optim.lr]
+    for lr in lrs:
+        for seed in opts.seeds:
+            try:
+                run_config(opts, lr, seed)
+            except UserError as e:
+                raise UserError(f"--task glue, lr {lr:g}, seed {seed}: {e}") from None
+    check_model_dir(opts.model)
+    mconfig = _model_config(opts.model)
+    check_vocab(opts.model, load_tokenizer(opts.model), mconfig.vocab_size)
+    check_seq_len(opts.model, base.task.max_seq_len, mconfig)
+    for task in tasks:
+        train, devs = glue.default_files(task, opts.glue_dir)
+        for path in (train, *devs):
+            glue.read_tsv(path, glue.get_task(task))
+    return tasks, lrs, base
+
+
+def _model_config(model_dir: str):
+    """The BertConfig of a model directory's config.json."""
+    from bertforge.model.hf_interop import config_from_hf
+
+    path = Path(model_dir) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise UserError(f"{path}: invalid JSON ({e})") from None
+    return config_from_hf(raw, str(path))
+
+
+def _run_grid(opts: SuiteOptions, out: Path, log: Callable[[str], None], cache: FeatureCache | None) -> dict[str, Any]:
+    tasks, lrs, base = preflight(opts, log)
+    fp = fingerprint(opts)
+    grid = [(task, lr, seed) for task in tasks for lr in lrs for seed in opts.seeds]
+    # every result file before the first run: one of another recipe is refused now, not hours in
+    done = {key: read_result(result_path(out, *key), fp, opts.overwrite) for key in grid}
     own_cache = cache is None
     cache = cache or FeatureCache()
-    fp = fingerprint(opts)
     results, t0 = [], time.perf_counter()
-    for task in tasks:
-        for lr in lrs:
-            for seed in opts.seeds:
-                path = result_path(out, task, lr, seed)
-                rec = read_result(path, fp, opts.overwrite)
-                if rec is None:
-                    log(f"glue suite: {task} lr {lr:g} seed {seed}")
-                    rec = run_one(opts, task, lr, seed, cache.get(opts, task, base.task), log)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    write_text(path, json.dumps(rec, indent=1))
-                else:
-                    log(f"glue suite: {task} lr {lr:g} seed {seed}: done earlier ({path})")
-                results.append(rec)
-        if own_cache:
+    for task, lr, seed in grid:
+        path = result_path(out, task, lr, seed)
+        rec = done[(task, lr, seed)]
+        if rec is None:
+            log(f"glue suite: {task} lr {lr:g} seed {seed}")
+            rec = run_one(opts, task, lr, seed, cache.get(opts, task, base.task), log)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text(path, json.dumps(rec, indent=1))
+        else:
+            log(f"glue suite: {task} lr {lr:g} seed {seed}: done earlier ({path})")
+        results.append(rec)
+        if own_cache and lr == lrs[-1] and seed == opts.seeds[-1]:
             cache.drop(task)  # this task's rows are not needed again
     table = aggregate(results)
     table.update(model=opts.model, seeds=list(opts.seeds), lrs=lrs, wall_s=time.perf_counter() - t0)

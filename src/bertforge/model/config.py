@@ -164,6 +164,13 @@ class BertConfig:
         return ["sliding_attention" if i % n else "full_attention" for i in range(self.num_hidden_layers)]
 
     @property
+    def usable_positions(self) -> int:
+        """The longest sequence the position table takes: RoBERTa's positions start after its padding index
+        (fairseq's make_positions), so its 514 rows hold 512 tokens."""
+        offset = self.pad_token_id + 1 if self.model_type == "roberta" else 0
+        return self.max_position_embeddings - offset
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 

@@ -10,7 +10,9 @@ value}`). Rules, all errors naming the key:
 - a missing encoder key is an error; a missing head key is an error unless `allow_missing_head=True`
   (starting a fine-tuning head from a pre-trained encoder), then it keeps its fresh init and is listed in
   `model.hf_load_info["initialised"]`;
-- every shape is checked.
+- every shape is checked; a head weight of another shape (a head fine-tuned for another label count) keeps its
+  fresh init when `reinit_mismatched_head=True` (`transformers`' `ignore_mismatched_sizes`), listed in
+  `model.hf_load_info["reinitialised"]`.
 
 Checkpoint variants handled: `model.safetensors`, `pytorch_model.bin` (torch.load(weights_only=True)), NVIDIA
 DeepLearningExamples / Habana checkpoints (`{"model": state_dict}` in a `.pt`/`.bin`, keys prefixed `module.`
@@ -346,13 +348,15 @@ def load_pretrained(
     attention: str = "auto",
     *,
     allow_missing_head: bool = False,
+    reinit_mismatched_head: bool = False,
     config_overrides: dict[str, Any] | None = None,
 ) -> tuple[BertForTask, BertConfig]:
     """Build `task`'s model from a Hugging Face-format directory (config.json + weights).
 
     `allow_missing_head`: heads (and the pooler) absent from the checkpoint keep their fresh init (fine-tuning
-    from a pre-trained encoder); encoder weights must always be present. `config_overrides`: BertConfig
-    fields to replace (dropout rates for fine-tuning).
+    from a pre-trained encoder); encoder weights must always be present. `reinit_mismatched_head`: so do head
+    weights of another shape (fine-tuning a model fine-tuned for another label count). `config_overrides`:
+    BertConfig fields to replace (dropout rates for fine-tuning).
     """
     path = Path(path)
     # NVIDIA DeepLearningExamples names it bert_config.json (Google's name); same fields
@@ -376,7 +380,7 @@ def load_pretrained(
                 f"{wfile}: word embeddings have {rows} rows but config.json says vocab_size {config.vocab_size}"
             )
     model = build_model(config, task, num_labels, attention)
-    load_hf_state_dict(model, sd, allow_missing_head=allow_missing_head, source=str(wfile))
+    load_hf_state_dict(model, sd, allow_missing_head, str(wfile), reinit_mismatched_head)
     return model, config
 
 
@@ -386,7 +390,11 @@ def _word_rows(sd, model_type, source) -> int | None:
 
 
 def load_hf_state_dict(
-    model: BertForTask, sd: dict[str, torch.Tensor], allow_missing_head: bool = False, source: str = "checkpoint"
+    model: BertForTask,
+    sd: dict[str, torch.Tensor],
+    allow_missing_head: bool = False,
+    source: str = "checkpoint",
+    reinit_mismatched_head: bool = False,
 ) -> None:
     """Copy a normalised Hugging Face state dict into `model` following NAME_MAP (rules in the module doc)."""
     mt, task = model.config.model_type, model.task
@@ -426,13 +434,19 @@ def load_hf_state_dict(
         )
     if "bias" in tied and "cls.predictions.bias" in ours and "cls.predictions.bias" not in loaded:
         loaded["cls.predictions.bias"] = tied["bias"]
-    for name, value in loaded.items():
-        if tuple(value.shape) != tuple(ours[name].shape):
+    reinitialised = []
+    for name, value in list(loaded.items()):
+        if tuple(value.shape) == tuple(ours[name].shape):
+            continue
+        if not reinit_mismatched_head or name.startswith(_ENCODER):
             raise UserError(
                 f"{source}: {name} has shape {tuple(value.shape)}, the model expects "
                 f"{tuple(ours[name].shape)}; {_shape_hint(name, value.shape[0])}"
             )
-    missing = [k for k in ours if k not in loaded]
+        reinitialised.append(name)
+        del loaded[name]
+    reinitialised = [k for k in ours if k in reinitialised]  # the model's order, as `missing`
+    missing = [k for k in ours if k not in loaded and k not in reinitialised]
     enc_missing = [k for k in missing if k.startswith(_ENCODER)]
     if enc_missing:
         raise UserError(
@@ -448,7 +462,7 @@ def load_hf_state_dict(
     with torch.no_grad():
         for name, value in loaded.items():
             ours[name].copy_(value.to(ours[name].dtype))
-    model.hf_load_info = {"ignored": ignored, "initialised": missing}
+    model.hf_load_info = {"ignored": ignored, "initialised": missing, "reinitialised": reinitialised}
 
 
 # ------------------------------------------------------------------------------------------- saving
