@@ -94,6 +94,17 @@ def test_another_optimizer_is_refused_on_resume_and_starts_afresh_in_a_new_phase
     assert main(_argv(overrides, shards, tmp_path / "lamb2", **back)) == 0
 
 
+def test_a_checkpoint_of_another_model_size_is_one_line_naming_the_settings(shards, tmp_path, overrides, capsys):
+    out = tmp_path / "run"
+    assert main(_argv(overrides, shards, out, **{"train.max_steps": 4, "train.stop_after_steps": 2})) == 0
+    capsys.readouterr()
+    assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 4, "model.preset": "mini"})) == 2
+    one_line(capsys.readouterr().err, "holds another model: hidden_size 128 (this run: 256)", "model.preset")
+    phase2 = {"train.max_steps": 2, "train.init_checkpoint": out, "model.max_position_embeddings": 32}
+    assert main(_argv(overrides, shards, tmp_path / "p2", **phase2)) == 2
+    one_line(capsys.readouterr().err, "max_position_embeddings 64 (this run: 32)")
+
+
 def test_synthetic_ids_beyond_the_models_vocab_are_refused_at_start_up(tmp_path, overrides, capsys):
     out = tmp_path / "run"
     synthetic = {"data.input_dir": "synthetic", "data.synthetic_seq_len": 32, "data.synthetic_max_pred": 5}

@@ -1000,8 +1000,30 @@ def _mfu(
 def _load_weights(model: BertForTask, model_dir: Path, fix: str) -> None:
     from bertforge.model.hf_interop import _weights_file, load_hf_state_dict, normalise_keys, read_state_dict
 
+    _check_shape(model.config, Path(model_dir))
     sd = normalise_keys(read_state_dict(_weights_file(Path(model_dir)), fix), model.config.model_type)
     load_hf_state_dict(model, sd, source=str(model_dir))
+
+
+def _check_shape(ours, model_dir: Path) -> None:
+    """A checkpoint (--resume, train.init_checkpoint) of another model than this run builds: one line naming
+    the settings, not a weight's shape with advice about heads."""
+    from bertforge.model.hf_interop import config_from_hf
+
+    cfile = model_dir / "config.json"
+    try:
+        theirs = config_from_hf(json.loads(cfile.read_text(encoding="utf-8")), str(cfile))
+    except (OSError, ValueError, UserError):
+        return  # the weights' loader names what is wrong with the directory
+    if differ := [
+        f"{k} {getattr(theirs, k)} (this run: {getattr(ours, k)})"
+        for k in _SHAPE
+        if getattr(theirs, k) != getattr(ours, k)
+    ]:
+        raise UserError(
+            f"{model_dir} holds another model: {', '.join(differ)}; set model.preset and "
+            "model.max_position_embeddings as the run that wrote it had them"
+        )
 
 
 def _optimizer_of(found: ckpt.Checkpoint) -> str | None:
