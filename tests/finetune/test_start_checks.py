@@ -43,7 +43,7 @@ def test_tokenizer_larger_than_model_vocab_is_refused_at_start(encoder, finetune
 @pytest.mark.parametrize(
     ("breaks", "message"),
     [
-        (lambda m: (m / "config.json").write_text("{bad"), "config.json: invalid JSON"),
+        (lambda m: (m / "config.json").write_text("{bad"), "config.json is not valid JSON"),
         (lambda m: (m / "vocab.txt").unlink(), "has neither tokenizer.json nor vocab.txt"),
     ],
     ids=["bad-config-json", "no-tokenizer"],

@@ -41,6 +41,14 @@ def head_models(encoder_dir, tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="session")
+def stsb(encoder_dir, tmp_path_factory) -> Path:
+    """A regression model as `bertforge finetune --task stsb` writes it (problem_type regression, one label)."""
+    from bertforge.serve.export import export_hf
+
+    return export_hf(encoder_dir, tmp_path_factory.mktemp("stsb") / "model", "regression", init_head=True, seed=3)
+
+
 def http_get(url: str, token: str | None = None) -> tuple[int, bytes]:
     req = urllib.request.Request(url, headers={"triton-access-token": token} if token else {})
     try:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import numpy as np
 import pytest
 import torch
+from tests.helpers import one_line
 
 from bertforge.cli import main
 from bertforge.errors import UserError
@@ -130,3 +133,102 @@ def test_export_never_replaces_what_is_not_ours(head_models, tmp_path, capsys, m
     assert _export(model, empty) == 0
     assert _export(model, mine, "--force") == 0 and not (mine / "notes.txt").exists()
     assert _export(model, afile, "--force") == 0 and (afile / "config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [(b"{bad", "is not valid JSON"), (b"[1, 2]", "does not hold a JSON object"), (b"\xff\xfe{", "is not valid JSON")],
+    ids=["not json", "a list", "not utf-8"],
+)
+def test_every_reader_of_config_json_refuses_an_invalid_one_in_one_line(head_models, tmp_path, capsys, content, words):
+    """detect_head, num_labels_of, export_hf's source read and serve's label read each gave a JSONDecodeError or
+    AttributeError traceback; only the QA path (load_pretrained's own check) gave one line."""
+    import shutil
+
+    from bertforge.serve.tasks import Predictor
+
+    bad = tmp_path / "bad"
+    shutil.copytree(head_models["classify"], bad)
+    (bad / "config.json").write_bytes(content)
+    calls = {
+        "detect_head": lambda: export.detect_head(bad),
+        "num_labels_of": lambda: export.num_labels_of(bad),
+        "export_hf": lambda: export.export_hf(bad, tmp_path / "hf"),
+        "export_hf classify": lambda: export.export_hf(bad, tmp_path / "hf", "classify"),
+        "export_onnx qa": lambda: export.export_onnx(bad, tmp_path / "onnx", "qa"),
+        **{f"serve {t}": (lambda t=t: Predictor.from_dir(t, bad)) for t in ("classify", "qa", "fill-mask", "embed")},
+    }
+    for what, call in calls.items():
+        with pytest.raises(UserError) as e:
+            call()
+        assert "\n" not in str(e.value) and f"{bad / 'config.json'} {words}" in str(e.value), (what, str(e.value))
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "onnx").exists()
+    assert main(["export", "--model", str(bad), "--format", "hf", "--out", str(tmp_path / "cli")]) == 2
+    one_line(capsys.readouterr().err, bad / "config.json", words)
+
+
+@pytest.mark.parametrize("opset", [6, 10, 21, 99, -1])
+def test_onnx_opset_outside_the_supported_range_is_one_line(head_models, tmp_path, capsys, opset):
+    """Outside 11-20 the exporter failed with a traceback (7: arange; 9, 10: a graph onnxruntime refuses; 24: torch
+    refuses) or warned that it does not support it (21-23)."""
+    out = tmp_path / "o"
+    args = ["export", "--model", str(head_models["qa"]), "--format", "onnx", "--out", str(out), "--opset", str(opset)]
+    assert main(args) == 2
+    one_line(capsys.readouterr().err, f"--opset {opset} is not supported", "11 to 20")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_num_labels_below_one_is_refused_at_start(encoder_dir, tmp_path, capsys, n):
+    """-1 was a traceback; 0 wrote a model that serve then refused."""
+    out = tmp_path / "o"
+    args = ["export", "--model", str(encoder_dir), "--format", "hf", "--out", str(out), "--task", "classify"]
+    assert main([*args, "--init-head", "--num-labels", str(n)]) == 2
+    one_line(capsys.readouterr().err, f"--num-labels must be at least 1, not {n}")
+    assert not out.exists()
+
+
+def _fifo(p):
+    os.mkfifo(p)
+
+
+def _socket(p):
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(p))
+    return s  # kept open by the caller: a bound socket file
+
+
+def _symlink(p):
+    target = p.parent / "target"
+    target.mkdir()
+    (target / "keep.txt").write_text("keep")
+    p.symlink_to(target)
+
+
+@pytest.mark.parametrize("make, kind", [(_fifo, "FIFO"), (_socket, "socket"), (_symlink, "symbolic link")])
+def test_force_replaces_only_regular_files_and_directories(encoder_dir, tmp_path, capsys, make, kind):
+    """--force replaced whatever was at --out, a FIFO or a socket included (a device too: not made here)."""
+    out = tmp_path / "o"
+    held = make(out)
+    try:
+        before = out.lstat()
+        for extra in ((), ("--force",)):
+            assert _export(encoder_dir, out, "--task", "embed", *extra) == 2
+            one_line(capsys.readouterr().err, f"--out {out}", kind, "never replaces")
+        after = out.lstat()
+        assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)  # the same node, untouched
+    finally:
+        if held is not None:
+            held.close()
+
+
+def test_onnx_export_writes_the_config_of_the_exported_head(head_models, tmp_path):
+    """A QA model exported as classify with --init-head: the ONNX directory's config.json said
+    BertForQuestionAnswering (the source's, copied); it is now what --format hf writes for that head."""
+    pytest.importorskip("onnxruntime")
+    qa = head_models["qa"]
+    export.export_onnx(qa, tmp_path / "onnx", "classify", init_head=True)
+    export.export_hf(qa, tmp_path / "hf", "classify", init_head=True)
+    onnx_cfg = json.loads((tmp_path / "onnx" / "config.json").read_text())
+    assert onnx_cfg["architectures"] == ["BertForSequenceClassification"]
+    assert onnx_cfg == json.loads((tmp_path / "hf" / "config.json").read_text())

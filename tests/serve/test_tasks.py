@@ -164,3 +164,72 @@ def test_serve_cli_argument_errors(head_models, capsys):
     assert "--max-batch must be at least 1" in capsys.readouterr().err
     assert main(["predict", "--task", "qa", "--question", "q"]) == 2
     assert "--context" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "task, inputs, words",
+    [
+        ("classify", {"text": ["\u200b\x01"]}, "input 'text' row 0 has no tokens"),
+        (
+            "classify",
+            {"text": ["fine", "ok"], "text_pair": ["fine", "\u200b"]},
+            "input 'text_pair' row 1 has no tokens",
+        ),
+        ("qa", {"question": ["who?"], "context": ["\u200b" * 300]}, "input 'context' row 0 has no tokens"),
+        ("qa", {"question": ["\x01\x02"], "context": ["Bob went home."]}, "input 'question' row 0 has no tokens"),
+    ],
+    ids=["classify", "pair", "qa context", "qa question"],
+)
+def test_text_without_tokens_is_refused(preds, task, inputs, words):
+    """Zero-width and control characters pass the blank check (str.strip) but tokenize to nothing: the model then
+    classified an empty [CLS] [SEP] or answered "" from an empty context."""
+    with pytest.raises(RequestError, match=words):
+        preds[task](inputs)
+
+
+def test_a_blank_text_pair_row_is_no_pair(preds):
+    """What `bertforge predict --jsonl` sends for a row without text_pair: that row is classified alone."""
+    p = preds["classify"]
+    mixed = p({"text": ["a fine film", "dull"], "text_pair": ["a good one", ""]})["probabilities"]
+    alone = p({"text": ["dull"]})["probabilities"]
+    np.testing.assert_allclose(mixed[1], alone[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("field", ["doc_stride", "top_k", "max_query_length", "max_answer_length", "n_best_size"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_limits_refuse_values_below_one(field, value):
+    """doc_stride 0 hung a QA request whose context needs a second window (the window start never advanced); top_k
+    0 answered nothing and -1 crashed."""
+    with pytest.raises(UserError, match=f"must be at least 1, not {value}"):
+        Limits(**{field: value})
+
+
+def test_a_regression_model_served_as_classify_answers_its_score(stsb, tmp_path):
+    """Served as a classifier, softmax over its one output was 1.0 for every row. It answers the raw prediction,
+    as Hugging Face's pipeline does for regression (function_to_apply "none"), equal to transformers' logits."""
+    import json
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    assert json.loads((stsb / "config.json").read_text())["problem_type"] == "regression"
+    texts, pairs = ["A man plays a guitar.", "A cat sleeps."], ["Someone plays music.", "A dog runs in a park."]
+    p = Predictor.from_dir("classify", stsb, Limits(max_seq_len=64))
+    assert [o.name for o in p.outputs] == ["score"]
+    out = p({"text": texts, "text_pair": pairs})
+    assert set(out) == {"score"} and out["score"].shape == (2, 1) and out["score"].dtype == np.float32
+    tok = transformers.AutoTokenizer.from_pretrained(stsb)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(stsb).eval()
+    with torch.inference_mode():
+        want = hf(**tok(texts, pairs, padding=True, return_tensors="pt")).logits.numpy()  # (2, 1)
+    np.testing.assert_allclose(out["score"], want, atol=1e-4)
+    assert out["score"][0, 0] != out["score"][1, 0]
+    # one label without problem_type is a regression model too, as Hugging Face decides it
+    one = tmp_path / "one-label"
+    shutil.copytree(stsb, one)
+    raw = json.loads((one / "config.json").read_text())
+    del raw["problem_type"]
+    (one / "config.json").write_text(json.dumps(raw))
+    assert [o.name for o in Predictor.from_dir("classify", one, Limits(max_seq_len=64)).outputs] == ["score"]
+    with pytest.raises(UserError, match="num_labels 0"):
+        (one / "config.json").write_text(json.dumps({**raw, "id2label": {}, "num_labels": 0}))
+        Predictor.from_dir("classify", one)

@@ -374,13 +374,9 @@ def preflight(opts: SuiteOptions, log: Callable[[str], None]) -> tuple[list[str]
 
 def _model_config(model_dir: str):
     """The BertConfig of a model directory's config.json."""
-    from bertforge.model.hf_interop import config_from_hf
+    from bertforge.model.hf_interop import config_from_hf, read_config
 
-    path = Path(model_dir) / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise UserError(f"{path}: invalid JSON ({e})") from None
+    raw, path = read_config(model_dir)
     return config_from_hf(raw, str(path))
 
 

@@ -46,7 +46,7 @@ from bertforge.model.bert import BertForTask, build_model
 from bertforge.model.config import MODEL_PRESETS, MODEL_TYPES, BertConfig
 from bertforge.model.heads import TASK_HEADS
 from bertforge.runtime import distributed as ddp
-from bertforge.runtime.io import atomic_dir
+from bertforge.runtime.io import atomic_dir, read_json_object
 
 _SEQ = ("classification", "regression")
 _CLS = ("classification", "regression", "token_classification")
@@ -341,6 +341,17 @@ def ours_to_hf(key: str, model_type: str, task: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- loading
+def read_config(model_dir: str | os.PathLike) -> tuple[dict[str, Any], Path]:
+    """A model directory's config.json (NVIDIA DeepLearningExamples names it bert_config.json, Google's name;
+    same fields) as a JSON object, and its path. Every reader of it goes through here: a missing, invalid or
+    non-object file is one line naming it."""
+    model_dir = Path(model_dir)
+    cfile = next((model_dir / n for n in ("config.json", "bert_config.json") if (model_dir / n).is_file()), None)
+    if cfile is None:
+        raise UserError(f"{model_dir}: not a Hugging Face model directory (no config.json or bert_config.json)")
+    return read_json_object(cfile, "restore the model's config.json or pass another model directory"), cfile
+
+
 def load_pretrained(
     path: str | os.PathLike,
     task: str,
@@ -359,14 +370,7 @@ def load_pretrained(
     BertConfig fields to replace (dropout rates for fine-tuning).
     """
     path = Path(path)
-    # NVIDIA DeepLearningExamples names it bert_config.json (Google's name); same fields
-    cfile = next((path / n for n in ("config.json", "bert_config.json") if (path / n).is_file()), None)
-    if cfile is None:
-        raise UserError(f"{path}: not a Hugging Face model directory (no config.json or bert_config.json)")
-    try:
-        raw = json.loads(cfile.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise UserError(f"{cfile}: invalid JSON ({e})") from None
+    raw, cfile = read_config(path)
     config = config_from_hf({**raw, **(config_overrides or {})}, str(cfile))
     wfile = _weights_file(path)
     sd = normalise_keys(read_state_dict(wfile), config.model_type)

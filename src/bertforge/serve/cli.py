@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, BinaryIO
 
 from bertforge.errors import UserError
 from bertforge.runtime.signals import sigterm_interrupts
+
+if TYPE_CHECKING:
+    from bertforge.serve.tasks import IOSpec
 
 SERVE_TASKS = ("qa", "classify", "fill-mask", "embed")
 
@@ -197,8 +203,8 @@ def serve_run(args: argparse.Namespace) -> int:
         raise UserError(f"give one --task per --model ({len(args.model)} models, {len(args.task)} tasks)")
     if len(set(args.task)) != len(args.task):
         raise UserError("each task can be served once per server")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, not {args.threads}")
     token = args.access_token or os.environ.get("BERTFORGE_ACCESS_TOKEN") or None  # never echoed by --help
     cfg = server.ServeConfig(
         host=args.host,
@@ -225,6 +231,9 @@ def serve_run(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
         top_k=args.top_k,
     )
+    server.check_ports(cfg)  # after the flags, before any model loads (seconds to minutes)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     predictors = [
         (
             t,
@@ -285,20 +294,8 @@ def predict_run(args: argparse.Namespace) -> int:
     from bertforge.serve.tasks import TASKS
 
     spec = TASKS[args.task]
-    cols: dict[str, list[str]] = {}
     if args.jsonl:
-        f = sys.stdin if args.jsonl == "-" else open(args.jsonl, encoding="utf-8")
-        with f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{args.jsonl} line {n}: not JSON ({e})") from None
-                for io in spec.inputs:
-                    if io.name in row:
-                        cols.setdefault(io.name, []).append(str(row[io.name]))
+        cols = read_jsonl(args.jsonl, args.task)
     else:
         given = {"question": args.question, "context": args.context, "text": args.text, "text_pair": args.text_pair}
         cols = {io.name: given[io.name] for io in spec.inputs if given.get(io.name)}
@@ -317,3 +314,67 @@ def predict_run(args: argparse.Namespace) -> int:
     for row in rows_as_json(args.task, out):
         print(json.dumps(row, ensure_ascii=False))
     return 0
+
+
+def read_jsonl(path: str, task: str) -> dict[str, list[str]]:
+    """`bertforge predict --jsonl`: the file's rows (`-`: stdin) as columns, one JSON object per non-blank line
+    holding the task's inputs as strings (other keys are ignored). A row without an optional input (text_pair)
+    gets an empty string, which the server takes as "no pair" for that row, so the columns stay in step."""
+    from bertforge.serve.tasks import TASKS
+
+    inputs = TASKS[task].inputs
+    rows = []
+    with _open_jsonl(path) as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(
+                    f"{path} line {n}: not UTF-8 ({e.reason} at byte {e.start}); save it as UTF-8"
+                ) from None
+            if line.strip():
+                rows.append(_jsonl_row(line, f"{path} line {n}", task, inputs))
+    if not rows:
+        raise UserError(f"{path} holds no rows; write one JSON object per line (--jsonl)")
+    names = [io.name for io in inputs if any(io.name in r for r in rows)]
+    return {name: [r.get(name, "") for r in rows] for name in names}
+
+
+def _open_jsonl(path: str) -> contextlib.AbstractContextManager[BinaryIO]:
+    if path == "-":
+        return contextlib.nullcontext(sys.stdin.buffer)  # not closed: it is the process's
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise UserError(f"--jsonl {path}: cannot read it ({e.strerror or e})") from None
+
+
+def _jsonl_row(line: str, where: str, task: str, inputs: Sequence[IOSpec]) -> dict[str, str]:
+    """One line's inputs, or a UserError naming the line and what is wrong with it."""
+    try:
+        row = json.loads(line)
+    except ValueError as e:
+        raise UserError(f"{where}: not JSON ({e})") from None
+    if not isinstance(row, dict):
+        keys = " and ".join(repr(io.name) for io in inputs if not io.optional)
+        raise UserError(f"{where}: expected a JSON object with {keys}, not {json.dumps(row)[:40]}")
+    out = {}
+    for io in inputs:
+        if io.name not in row:
+            if io.optional:
+                continue
+            raise UserError(f"{where}: no {io.name!r}, which task {task} needs in every row")
+        value = row[io.name]
+        if not isinstance(value, str) or not _utf8(value):
+            raise UserError(f"{where}: {io.name!r} must be a string of text, not {json.dumps(value)[:40]}")
+        out[io.name] = value
+    return out
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` has a UTF-8 form: json.loads keeps an escaped lone surrogate ("\\ud800"), which has none."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

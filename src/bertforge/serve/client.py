@@ -22,6 +22,18 @@ def server_message(err: Exception) -> str:
     return text.strip().splitlines()[-1] if text.strip() else repr(err)
 
 
+# host:port (a name, an IPv4 address or a bracketed IPv6 one), and for HTTP an optional base path
+_URL = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>[0-9]{1,5})(?P<path>/\S*)?")
+
+
+def check_url(url: str, protocol: str) -> None:
+    """A server address as tritonclient takes it, or a UserError naming --url and the form it needs."""
+    m = _URL.fullmatch(url)
+    if m is None or not 1 <= int(m["port"]) <= 65535 or (m["path"] and protocol == "grpc"):
+        form = "host:port" if protocol == "grpc" else "host:port[/base-path]"
+        raise UserError(f"--url {url!r} is not a {protocol} server address ({form}, e.g. 127.0.0.1:8000)")
+
+
 class Client:
     """Sends string rows to one task of a running server; returns the output arrays."""
 
@@ -29,6 +41,7 @@ class Client:
         if protocol not in ("http", "grpc"):
             raise UserError(f"protocol must be http or grpc, not {protocol!r}")
         url = re.sub(r"^(https?|grpc)://", "", url)
+        check_url(url, protocol)  # tritonclient's own error is a ValueError, then an AttributeError from __del__
         self.protocol, self.url, self.timeout_s = protocol, url, timeout_s
         if protocol == "http":
             import tritonclient.http as mod
@@ -56,7 +69,8 @@ class Client:
         datatypes: dict[str, str] | None = None,
         outputs: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Send arrays as they are (tests use this to send malformed requests)."""
+        """Send arrays as they are (tests use this to send malformed requests); returns `outputs`, or every output
+        the server answered."""
         inputs = []
         for name, arr in arrays.items():
             dt = (datatypes or {}).get(name) or (
@@ -69,8 +83,9 @@ class Client:
             inputs.append(inp)
         # http: the connection/network timeouts set above apply; grpc takes a per-call deadline
         kw = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
-        res = self._client.infer(model_name, inputs, **kw)
-        names = outputs or [o["name"] for o in self.metadata(model_name)["outputs"]]
+        res = self._client.infer(model_name, inputs, **kw)  # no outputs asked for: the server sends all of them
+        answer = res.get_response(as_json=True) if self.protocol == "grpc" else res.get_response()
+        names = outputs or [o["name"] for o in answer["outputs"]]
         return {n: res.as_numpy(n) for n in names}
 
     def metadata(self, model_name: str) -> dict[str, Any]:
@@ -82,7 +97,8 @@ class Client:
         return md
 
     def infer(self, task: str, **columns: Sequence[str]) -> dict[str, np.ndarray]:
-        """`infer("qa", question=[...], context=[...])`: one request, one row per string."""
+        """`infer("qa", question=[...], context=[...])`: one request, one row per string; the model's outputs (a
+        regression model served as classify answers `score` alone)."""
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         spec = TASKS[task]
@@ -99,7 +115,7 @@ class Client:
             raise UserError(
                 f"task {task} has no inputs {sorted(unknown)}; it takes {', '.join(io.name for io in spec.inputs)}"
             )
-        return self.infer_raw(spec.model_name, arrays, outputs=[o.name for o in spec.outputs])
+        return self.infer_raw(spec.model_name, arrays)
 
 
 def rows_as_json(task: str, out: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -109,6 +125,8 @@ def rows_as_json(task: str, out: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     for i in range(n):
         if task == "qa":
             rows.append({"answer": out["answer"][i][0].decode(), "score": float(out["score"][i][0])})
+        elif task == "classify" and "score" in out:  # a regression model
+            rows.append({"score": float(out["score"][i][0])})
         elif task == "classify":
             rows.append(
                 {

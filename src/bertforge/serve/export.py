@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,10 @@ BARE_ARCHS = {"bert": "BertModel", "roberta": "RobertaModel"}
 # sentence-transformers' own files: a bare-encoder export keeps them, so the model's pooling travels with it
 ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 
+# opsets ONNX export takes: torch 2.13's TorchScript exporter writes up to 20 (above it warns it does not support
+# them), and our attention needs 11 (measured: 7 fails on arange, 9 and 10 give graphs onnxruntime refuses)
+ONNX_OPSETS = range(11, 21)
+
 ONNX_OUTPUTS = {
     "qa": ["start_logits", "end_logits"],
     "classification": ["logits"],
@@ -73,22 +78,27 @@ ONNX_OUTPUTS = {
 }
 
 
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """A model directory's config.json as a JSON object (`hf_interop.read_config`: one line when it is missing
+    or invalid)."""
+    from bertforge.model.hf_interop import read_config as read_hf_config
+
+    return read_hf_config(model_dir)[0]
+
+
 def detect_head(model_dir: Path) -> str:
     """The model head named by config.json's architectures (e.g. BertForQuestionAnswering -> qa)."""
-    try:
-        raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{model_dir} has no config.json; pass a Hugging Face model directory") from None
-    for arch in raw.get("architectures") or []:
+    raw = read_config(model_dir)
+    archs = raw.get("architectures")
+    for arch in archs if isinstance(archs, list) else []:
         if arch in BARE_ARCHS.values():
             return ENCODER
         for suffix, head in ARCH_TASKS.items():
-            if arch.endswith(suffix):
-                if head == "classification" and raw.get("problem_type") == "regression":
-                    return "regression"
-                return head
+            if isinstance(arch, str) and arch.endswith(suffix):
+                regression = head == "classification" and is_regression(raw, f"{model_dir}/config.json")
+                return "regression" if regression else head
     raise UserError(
-        f"{model_dir}/config.json names no task head in 'architectures' ({raw.get('architectures')}); pass --task "
+        f"{model_dir}/config.json names no task head in 'architectures' ({archs}); pass --task "
         "(qa, classify, fill-mask, or embed for the bare encoder)"
     )
 
@@ -100,8 +110,23 @@ def resolve_head(model_dir: Path, task: str | None) -> str:
 
 
 def num_labels_of(model_dir: Path) -> int:
-    raw = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    return len(raw.get("id2label") or {}) or int(raw.get("num_labels", 2))
+    """A classification model's labels: config.json's id2label, else its num_labels (default 2)."""
+    return _num_labels(read_config(model_dir), f"{model_dir}/config.json")
+
+
+def _num_labels(raw: dict[str, Any], source: str) -> int:
+    id2label, n = raw.get("id2label"), raw.get("num_labels", 2)
+    if isinstance(id2label, dict) and id2label:
+        return len(id2label)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise UserError(f"{source}: num_labels {n!r} is not a positive number; fix it or pass another model")
+    return n
+
+
+def is_regression(raw: dict[str, Any], source: str) -> bool:
+    """A sequence-classification config that predicts one number (STS-B), as Hugging Face decides it (its models'
+    loss and its text-classification pipeline): problem_type regression, or a single label."""
+    return raw.get("problem_type") == "regression" or _num_labels(raw, source) == 1
 
 
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:
@@ -144,15 +169,36 @@ def check_out(model_dir: Path, out: Path, force: bool) -> None:
         raise UserError(f"--out {out} would replace the model directory {model_dir} itself; choose another --out")
     if dst == cwd or dst in cwd.parents:
         raise UserError(f"--out {out} is the current directory (or holds it); name a new directory, e.g. --out export")
-    if force or not out.exists() and not out.is_symlink():
+    kind = _kind(out)
+    if kind not in (None, "file", "directory"):  # replacing it would delete a device, FIFO or socket, or a link
+        raise UserError(f"--out {out} is a {kind}, which export never replaces (even with --force); name another --out")
+    if force or kind is None:
         return
-    if not out.is_dir() or out.is_symlink():
+    if kind != "directory":
         raise UserError(f"--out {out} exists and is not a directory; remove it, or pass --force to replace it")
     if any(out.iterdir()) and not (out / MARKER).is_file():
         raise UserError(
             f"--out {out} is a non-empty directory that is not an earlier bertforge export; "
             "choose a new --out, or pass --force to replace it"
         )
+
+
+def _kind(path: Path) -> str | None:
+    """What `path` is, without following a symbolic link; None when nothing is there."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return None
+    kinds = [
+        (stat.S_ISREG, "file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symbolic link"),
+        (stat.S_ISFIFO, "named pipe (FIFO)"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "special file")
 
 
 def write_marker(tmp: Path, fmt: str, head: str, model_dir: Path) -> None:
@@ -171,6 +217,7 @@ def load(
     """The model of `head` from `model_dir`; head "encoder": the encoder of any checkpoint, its pooler kept."""
     from bertforge.model.hf_interop import load_pretrained
 
+    read_config(model_dir)  # a missing or invalid config is one line here, before load_pretrained reads it
     if head == ENCODER:
         # built as a sequence classifier, the one head that keeps the pooler; a classification head in the
         # checkpoint loads (num_labels from config.json), every other head's weights are ignored
@@ -189,14 +236,24 @@ def save_encoder(model, config, out: Path) -> None:
     as `BertModel.save_pretrained` writes them."""
     from safetensors.torch import save_file
 
-    from bertforge.model.hf_interop import config_to_hf, hf_state_dict
+    from bertforge.model.hf_interop import hf_state_dict
 
     prefix = f"{config.model_type}."
     keep = tuple(prefix + p for p in ("embeddings.", "encoder.", "pooler."))
     sd = {k[len(prefix) :]: v for k, v in hf_state_dict(model).items() if k.startswith(keep)}
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
-    raw = config_to_hf(config, "qa", 2)  # qa: a head without labels; architectures replaced below
-    raw["architectures"] = [BARE_ARCHS[config.model_type]]
+
+
+def write_config(model, config, head: str, model_dir: Path, out: Path) -> None:
+    """The export's config.json, the same for both formats: `head`'s (with the source's label names), or a bare
+    encoder's (architectures BertModel/RobertaModel)."""
+    from bertforge.model.hf_interop import config_to_hf, label_names_of
+
+    if head == ENCODER:
+        raw = config_to_hf(config, "qa", 2)  # qa: a head without labels; architectures replaced below
+        raw["architectures"] = [BARE_ARCHS[config.model_type]]
+    else:
+        raw = config_to_hf(config, head, model.num_labels, label_names_of(read_config(model_dir)))
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
 
 
@@ -215,8 +272,10 @@ def export_hf(
     sentence-embedding model) and gets a fresh, seeded init; for smoke tests and serving benchmarks.
     `force`: replace whatever `out` holds (see `check_out`).
     """
-    from bertforge.model.hf_interop import label_names_of, save_pretrained
+    from bertforge.model.hf_interop import save_pretrained
 
+    if num_labels is not None and num_labels < 1:
+        raise UserError(f"--num-labels must be at least 1, not {num_labels}")
     model_dir, out = Path(model_dir), Path(out)
     check_out(model_dir, out, force)
     head = resolve_head(model_dir, task)
@@ -226,8 +285,8 @@ def export_hf(
             save_encoder(model, config, tmp)
             copy_sentence_transformers(model_dir, tmp)
         else:
-            source = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-            save_pretrained(model, config, tmp, head, label_names_of(source))  # the source's label names kept
+            save_pretrained(model, config, tmp, head)
+        write_config(model, config, head, model_dir, tmp)  # over save_pretrained's: the source's label names kept
         copy_tokenizer(model_dir, tmp)
         write_marker(tmp, "hf", head, model_dir)
     return out
@@ -291,6 +350,8 @@ def export_onnx(
     force: bool = False,
 ) -> dict[str, Any]:
     """Write `out/model.onnx` (+ config.json, tokenizer files); returns {"path", "max_abs_diff"}."""
+    if opset not in ONNX_OPSETS:
+        raise UserError(f"--opset {opset} is not supported; ONNX export takes {ONNX_OPSETS[0]} to {ONNX_OPSETS[-1]}")
     model_dir, out = Path(model_dir), Path(out)
     check_out(model_dir, out, force)
     head = resolve_head(model_dir, task)
@@ -342,7 +403,7 @@ def export_onnx(
             raise UserError(
                 f"ONNX export of {model_dir} differs from PyTorch by {diff:.3g} (> {tolerance}); nothing was written"
             )
-        shutil.copy2(model_dir / "config.json", tmp / "config.json")
+        write_config(model, config, head, model_dir, tmp)  # the exported head's, as --format hf writes it
         copy_tokenizer(model_dir, tmp)
         if head == ENCODER:
             copy_sentence_transformers(model_dir, tmp)

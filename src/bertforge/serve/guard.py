@@ -8,8 +8,10 @@ answers bodies it cannot parse with 500. Here, before anything reaches Triton:
 - a body over `max_body_bytes` is refused with 413 (read no further than the limit, also for chunked bodies);
 - a form-encoded or multipart body with 415 (the KServe v2 protocol is JSON, with an optional binary tail);
 - a compressed body (gzip, deflate) is inflated as it is read, so the limit and the JSON checks apply to what
-  Triton would read (a small body cannot inflate to gigabytes there);
-- an inference request whose JSON does not parse, or whose `inputs` are not tensors (`check_infer`), with 400.
+  Triton would read (a small body cannot inflate to gigabytes there); a body that does not inflate is a 400, any
+  other Content-Encoding a 415;
+- an inference request whose JSON is not UTF-8, does not parse, nests deeper than `MAX_DEPTH`, or holds a member
+  of a type Triton's parser does not take (`check_infer`), with 400.
 
 Everything else — health, metadata, the restricted endpoints with their access token, binary-tensor requests —
 goes to Triton unchanged, and Triton's answer comes back unchanged (status, headers, compressed or not).
@@ -25,7 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
@@ -39,6 +44,58 @@ HOP_HEADERS = frozenset(
 REQUEST_DROP = HOP_HEADERS | {"host", "content-length", "content-encoding"}
 RESPONSE_DROP = HOP_HEADERS | {"content-length"}  # Triton's encoding passes (it compressed what was asked for)
 BINARY_HEADER = "Inference-Header-Content-Length"  # KServe binary-tensor extension: JSON, then raw tensors
+# Content-Encodings the guard inflates (zlib's window bits; deflate's are chosen by `_inflater`); others are a 415
+ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# JSON nesting accepted: a request nests 4 levels around its tensors' data, which nests one level per dimension;
+# deeper documents only exercise parsers' recursion (Python's json and ours raise RecursionError near 1000)
+MAX_DEPTH = 32
+# an escaped UTF-16 surrogate ("\ud800"): json.loads keeps a lone one, which Triton's parser answers with 500
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _is_uint(v: Any) -> bool:  # Triton reads these as uint64 (bool is an int to Python, not to JSON)
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64
+
+
+def _is_int(v: Any) -> bool:  # int64
+    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+# Members Triton 2.51's HTTP front end reads with one JSON type, answering 500 for another (measured; the
+# rest it ignores or refuses with 400 itself): member -> (check, the type to say).
+Check = tuple[Callable[[Any], bool], str]
+_REQUEST_PARAMETERS: dict[str, Check] = {
+    "sequence_id": (lambda v: _is_str(v) or _is_uint(v), "a string or a non-negative integer"),
+    "sequence_start": (_is_bool, "true or false"),
+    "sequence_end": (_is_bool, "true or false"),
+    "priority": (_is_uint, "a non-negative integer"),
+    "timeout": (_is_uint, "a non-negative integer"),
+    "binary_data_output": (_is_bool, "true or false"),
+}
+_OUTPUT_PARAMETERS: dict[str, Check] = {
+    "binary_data": (_is_bool, "true or false"),
+    "classification": (_is_uint, "a non-negative integer"),
+}
+# the JSON type of each element of a tensor's `data`, by datatype (unknown datatypes: Triton's 400)
+_DATA: dict[str, Check] = {
+    "BYTES": (_is_str, "strings"),
+    "BOOL": (_is_bool, "true or false"),
+    **{f"INT{n}": (_is_int, "integers") for n in (8, 16, 32, 64)},
+    **{f"UINT{n}": (_is_uint, "non-negative integers") for n in (8, 16, 32, 64)},
+    **{f"FP{n}": (_is_number, "numbers") for n in (16, 32, 64)},
+}
 
 
 class Refusal(Exception):
@@ -54,22 +111,89 @@ def check_infer(doc: Any) -> None:
     checks names, datatypes, shapes and batch sizes itself (400s); this covers what it would answer with 500."""
     if not isinstance(doc, dict):
         raise Refusal(400, "the request body must be a JSON object with 'inputs'")
+    _check_depth(doc)
+    if "id" in doc and not isinstance(doc["id"], str):
+        raise Refusal(400, "'id' must be a string")
+    _check_parameters(doc, "the request", _REQUEST_PARAMETERS)
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs):
         raise Refusal(400, "'inputs' must be a list of tensors ({'name', 'shape', 'datatype', 'data'})")
     for t in inputs:
-        name = t.get("name", "?")
-        if not isinstance(t.get("shape"), list) or not all(isinstance(d, int) and d >= 0 for d in t["shape"]):
-            raise Refusal(400, f"input {name!r}: 'shape' must be a list of non-negative integers")
-        if t.get("datatype") == "BYTES" and "data" in t and not all(isinstance(x, str) for x in _flat(t["data"])):
-            raise Refusal(400, f"input {name!r} is BYTES: its 'data' must be strings")
+        _check_input(t)
+    outputs = doc.get("outputs", [])
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) and _is_str(o.get("name")) for o in outputs):
+        raise Refusal(400, "'outputs' must be a list of objects with a string 'name'")
+    for o in outputs:
+        _check_parameters(o, f"output {o['name']!r}", _OUTPUT_PARAMETERS)
+
+
+def _check_input(t: dict[str, Any]) -> None:
+    name, datatype = t.get("name"), t.get("datatype")
+    if not _is_str(name):
+        raise Refusal(400, "every input needs a string 'name'")
+    if not isinstance(datatype, str):
+        raise Refusal(400, f"input {name!r} needs a string 'datatype' (BYTES, FP32, INT64, ...)")
+    if not isinstance(t.get("shape"), list) or not all(_is_uint(d) for d in t["shape"]):
+        raise Refusal(400, f"input {name!r}: 'shape' must be a list of non-negative integers")
+    _check_parameters(t, f"input {name!r}", {})
+    if "data" not in t:
+        return  # binary or shared-memory data: Triton checks which one is set
+    if not isinstance(t["data"], list):
+        raise Refusal(400, f"input {name!r}: 'data' must be a list")
+    check, kind = _DATA.get(datatype, (lambda v: True, ""))
+    if not all(check(x) for x in _flat(t["data"])):
+        raise Refusal(400, f"input {name!r} is {datatype}: its 'data' must be {kind}")
+
+
+def _check_parameters(holder: dict[str, Any], what: str, typed: dict[str, Check]) -> None:
+    """`holder["parameters"]` is an object whose members of `typed` have their type."""
+    params = holder.get("parameters", {})
+    if not isinstance(params, dict):
+        raise Refusal(400, f"{what}: 'parameters' must be a JSON object")
+    for key, (check, kind) in typed.items():
+        if key in params and not check(params[key]):
+            raise Refusal(400, f"{what}: parameter {key!r} must be {kind}")
+
+
+def _check_depth(doc: Any) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH, level by level (no recursion to run out of)."""
+    level: list[Any] = [doc]
+    for _ in range(MAX_DEPTH):
+        level = [v for node in level for v in (node.values() if isinstance(node, dict) else node)]
+        level = [v for v in level if isinstance(v, (dict, list))]
+        if not level:
+            return
+    raise Refusal(400, f"the request JSON nests more than {MAX_DEPTH} levels")
 
 
 def _flat(data: Any) -> list[Any]:
-    """A tensor's `data`, flat or nested row by row as KServe v2 allows."""
+    """A tensor's `data`, flat or nested row by row as KServe v2 allows (depth bounded by `_check_depth`)."""
     if not isinstance(data, list):
         return [data]
     return [x for item in data for x in _flat(item)]
+
+
+def parse_json(head: bytes) -> Any:
+    """An inference request's JSON, or `Refusal(400)`: UTF-8 only (json.loads would also take UTF-16 and UTF-32,
+    which Triton's parser does not), nesting bounded, no lone surrogate (Triton refuses them with 500)."""
+    try:
+        text = head.decode("utf-8-sig")  # a UTF-8 byte-order mark Triton accepts
+    except UnicodeDecodeError as e:
+        raise Refusal(400, f"the request body is not UTF-8 ({e.reason} at byte {e.start}); send UTF-8 JSON") from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise Refusal(400, f"the request JSON nests more than {MAX_DEPTH} levels") from None
+    except ValueError as e:
+        raise Refusal(400, f"the request body is not valid JSON ({e})") from None
+    if _ESCAPED_SURROGATE.search(text):  # rare: only then re-encode the whole document to find a lone one
+        try:
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise Refusal(
+                400, "the request JSON holds an unpaired UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode"
+            ) from None
+    return doc
 
 
 def _json_length(request: web.Request, size: int) -> int:
@@ -83,16 +207,56 @@ def _json_length(request: web.Request, size: int) -> int:
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    """The body (inflated by aiohttp when compressed), refused (413) as soon as it passes `limit` bytes, however it
-    is sent."""
+    """The body, inflated when compressed (gzip, deflate), refused (413) as soon as it passes `limit` bytes before
+    or after inflating, however it is sent; one that does not inflate or arrive whole is a 400, another encoding a
+    415. The guard inflates it itself (aiohttp's own decompression is off): aiohttp's errors escaped as 500s, and
+    which encodings it takes depends on optional packages (brotli, zstd)."""
     if request.content_length is not None and request.content_length > limit:
         raise Refusal(413, f"the request body has {request.content_length} bytes, over the server's limit of {limit}")
-    body = bytearray()
-    async for chunk in request.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > limit:
-            raise Refusal(413, f"the request body is over the server's limit of {limit} bytes (--max-body-bytes)")
+    encoding = request.headers.get("Content-Encoding", "").strip().lower() or "identity"
+    inflater = None if encoding == "identity" else Inflater(encoding)
+    body, raw = bytearray(), 0
+    try:
+        async for chunk in request.content.iter_chunked(1 << 16):
+            raw += len(chunk)
+            body += chunk if inflater is None else inflater.feed(chunk, at_most=limit + 1 - len(body))
+            if len(body) > limit or raw > limit:
+                raise Refusal(413, f"the request body is over the server's limit of {limit} bytes (--max-body-bytes)")
+        if inflater is not None:
+            inflater.end()
+    except (zlib.error, EOFError) as e:
+        raise Refusal(400, f"the request body is not valid {encoding} data ({e})") from None
+    except web.RequestPayloadError as e:  # framing (chunked) broken, or the client went away mid-body
+        raise Refusal(400, f"the request body could not be read ({e})") from None
     return bytes(body)
+
+
+class Inflater:
+    """A gzip or deflate body inflated chunk by chunk, never to more bytes than asked for (a small body cannot
+    inflate to gigabytes in memory); zlib.error for bytes that do not inflate, EOFError for a stream cut short or
+    followed by other bytes."""
+
+    def __init__(self, encoding: str):
+        if encoding not in ENCODINGS:
+            raise Refusal(415, f"Content-Encoding {encoding} is not accepted; send gzip, deflate or no encoding")
+        self.encoding = encoding
+        self._z: Any = None
+
+    def feed(self, chunk: bytes, at_most: int) -> bytes:
+        if self._z is None:
+            # HTTP's deflate is zlib-wrapped (RFC 9110) but some clients send it raw: the first byte tells (a zlib
+            # header's low nibble is 8, the deflate method), as aiohttp decides it
+            bare = self.encoding == "deflate" and bool(chunk) and chunk[0] & 0xF != 8
+            self._z = zlib.decompressobj(-zlib.MAX_WBITS if bare else ENCODINGS[self.encoding])
+        if self._z.eof:
+            raise EOFError("bytes after the end of the stream")
+        return self._z.decompress(chunk, at_most)
+
+    def end(self) -> None:
+        if self._z is not None and not self._z.eof:
+            raise EOFError("the stream is cut short")
+        if self._z is not None and self._z.unused_data:
+            raise EOFError("bytes after the end of the stream")
 
 
 class HttpGuard:
@@ -133,7 +297,8 @@ class HttpGuard:
         )
         app = web.Application()  # the body limit is read_body's: it reads request.content itself
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # auto_decompress off: read_body inflates the body itself, within the limit and with one-line errors
+        self._runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
 
@@ -162,12 +327,7 @@ class HttpGuard:
         if ctype.startswith(FORM_TYPES):
             raise Refusal(415, f"Content-Type {ctype.split(';')[0]} is not accepted; send application/json")
         if request.method == "POST" and request.path.rstrip("/").endswith("/infer"):
-            head = body[: _json_length(request, len(body))]
-            try:
-                doc = json.loads(head)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise Refusal(400, f"the request body is not valid JSON ({e})") from None
-            check_infer(doc)
+            check_infer(parse_json(body[: _json_length(request, len(body))]))
         return body
 
     def stop(self) -> None:

@@ -12,19 +12,20 @@ requests batched with it (see docs/serving.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import sysconfig
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bertforge.errors import UserError
-from bertforge.serve.tasks import TASKS, Predictor, RequestError, decode_strings, stack_outputs
+from bertforge.serve.tasks import TASKS, Predictor, RequestError, check_bounds, decode_strings
 
 if TYPE_CHECKING:
     from bertforge.serve.guard import HttpGuard
@@ -69,14 +70,42 @@ class ServeConfig:
     """Triton's log verbosity (0 = quiet)."""
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1:
-            raise UserError(f"--max-batch must be at least 1, not {self.max_batch}")
-        if self.instances < 1:
-            raise UserError(f"--instances must be at least 1, not {self.instances}")
-        if self.max_queue_delay_us < 0:
-            raise UserError(f"--max-queue-delay-us must be >= 0, not {self.max_queue_delay_us}")
-        if self.max_body_bytes < 1024:
-            raise UserError(f"--max-body-bytes must be at least 1024, not {self.max_body_bytes}")
+        check_bounds(self, SERVE_BOUNDS)
+
+
+SERVE_BOUNDS: dict[str, tuple[str, int, int | None]] = {
+    "http_port": ("--http-port", 1, 65535),
+    "grpc_port": ("--grpc-port", 1, 65535),
+    "metrics_port": ("--metrics-port", 1, 65535),
+    "max_batch": ("--max-batch", 1, None),
+    "instances": ("--instances", 1, None),
+    "max_queue_delay_us": ("--max-queue-delay-us", 0, None),
+    "max_body_bytes": ("--max-body-bytes", 1024, None),
+}
+"""`tasks.check_bounds` of ServeConfig's fields: (flag, lowest, highest)."""
+
+
+def check_ports(cfg: ServeConfig) -> None:
+    """Listen on each of the server's ports on `cfg.host` for a moment, before any model loads: a port that is
+    taken (or not ours to take) is one line naming its flag, instead of Triton's timeout traceback (gRPC,
+    metrics) or the guard's OSError (HTTP) after the models have loaded. Triton binds them again later; a port
+    taken in between still fails there."""
+    ports = {SERVE_BOUNDS[f][0]: getattr(cfg, f) for f in ("http_port", "grpc_port", "metrics_port")}
+    seen: dict[int, str] = {}
+    for flag, port in ports.items():
+        if port in seen:
+            raise UserError(f"{flag} {port} is also {seen[port]}; give each its own port")
+        seen[port] = flag
+        try:
+            with listening(cfg.host, port):
+                pass
+        except socket.gaierror as e:
+            raise UserError(f"--host {cfg.host} is not an address this machine can listen on ({e.strerror})") from None
+        except OSError as e:
+            raise UserError(
+                f"{flag} {port}: cannot listen on {cfg.host}:{port} ({e.strerror or e}); stop what uses it or "
+                f"choose another {flag}"
+            ) from None
 
 
 def ensure_libpython() -> str:
@@ -196,11 +225,11 @@ def make_infer_fn(predictor: Predictor) -> Callable[[list[Any]], list[dict[str, 
         i = 0
         for n, rows in encoded.items():
             if outs is not None:
-                responses[n] = stack_outputs(predictor.task, outs[i : i + len(rows)])
+                responses[n] = predictor.stack(outs[i : i + len(rows)])
                 i += len(rows)
                 continue
             try:
-                responses[n] = stack_outputs(predictor.task, predictor.predict(rows))
+                responses[n] = predictor.stack(predictor.predict(rows))
             except Exception as e:
                 responses[n] = _failure(e)
         return [r for r in responses if r is not None]
@@ -226,12 +255,25 @@ def free_ports(n: int, avoid: Collection[int] = ()) -> list[int]:
     yet bound, which the OS may hand out again because nothing holds them."""
     ports: list[int] = []
     while len(ports) < n:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+        with listening("127.0.0.1", 0) as s:
             port = s.getsockname()[1]
         if port not in avoid and port not in ports:
             ports.append(port)
     return ports
+
+
+@contextlib.contextmanager
+def listening(host: str, port: int) -> Iterator[socket.socket]:
+    """A TCP socket listening on (host, port) — port 0: one the OS picks — closed on leaving."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
+        0
+    ]
+    with socket.socket(family, kind, proto) as s:
+        # as Triton and aiohttp bind: a port whose last connection is in TIME_WAIT is free to them
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(address)
+        s.listen()
+        yield s
 
 
 @dataclasses.dataclass
@@ -286,7 +328,7 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
                 model_name=spec.model_name,
                 infer_func=fns,
                 inputs=tensors(spec.inputs),
-                outputs=tensors(spec.outputs),
+                outputs=tensors(predictor.outputs),  # a regression model's differ from its task's
                 config=model_config(cfg),
                 strict=False,  # an error response carries ERROR_OUTPUT, which no model declares
             )

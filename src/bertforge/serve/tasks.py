@@ -11,7 +11,6 @@ outputs (docs/serving.md describes the same table).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 from bertforge import device as dev
 from bertforge.data.vocab import load_tokenizer  # noqa: F401 (the one loader; callers import it here)
 from bertforge.errors import UserError
+from bertforge.runtime.io import read_json_object
 
 
 class RequestError(ValueError):
@@ -99,6 +99,13 @@ TASKS: dict[str, TaskSpec] = {
     ),
 }
 
+REGRESSION_OUTPUTS = (
+    IOSpec("score", "FP32", (1,), "the model's prediction as it is (a regression model, e.g. STS-B similarity)"),
+)
+"""`classify`'s outputs for a regression model (config.json problem_type regression, or one label): a softmax over
+its one output would be 1.0 for every row, so it answers the raw value, as Hugging Face's pipeline does
+(function_to_apply "none")."""
+
 POOLINGS = ("mean", "cls")
 """How `embed` pools the encoder's tokens into one vector: mean over the real tokens, or the [CLS] token."""
 
@@ -123,10 +130,30 @@ class Limits:
     """fill-mask: candidates returned per [MASK]."""
 
     def __post_init__(self) -> None:
-        if self.max_seq_len < 8:
-            raise UserError(f"--max-seq-len {self.max_seq_len} is too small (at least 8)")
-        if self.max_request_bytes < 1:
-            raise UserError(f"--max-request-bytes must be positive, not {self.max_request_bytes}")
+        check_bounds(self, LIMIT_BOUNDS)
+
+
+# (name in errors, lowest, highest) of each Limits field; a doc_stride of 0 never leaves the first QA window
+LIMIT_BOUNDS: dict[str, tuple[str, int, int | None]] = {
+    "max_seq_len": ("--max-seq-len", 8, None),
+    "max_request_bytes": ("--max-request-bytes", 1, None),
+    "max_query_length": ("Limits.max_query_length", 1, None),
+    "doc_stride": ("--doc-stride", 1, None),
+    "max_answer_length": ("Limits.max_answer_length", 1, None),
+    "n_best_size": ("Limits.n_best_size", 1, None),
+    "top_k": ("--top-k", 1, None),
+}
+
+
+def check_bounds(config: Any, bounds: dict[str, tuple[str, int, int | None]]) -> None:
+    """Each field of `bounds` of the dataclass `config` within its (lowest, highest), or a UserError naming it (by
+    its command-line flag where it has one)."""
+    for field, (name, low, high) in bounds.items():
+        value = getattr(config, field)
+        if value < low:
+            raise UserError(f"{name} must be at least {low}, not {value}")
+        if high is not None and value > high:
+            raise UserError(f"{name} must be between {low} and {high}, not {value}")
 
 
 def decode_strings(name: str, arr: Any, *, allow_empty: bool = False) -> list[str]:
@@ -172,16 +199,6 @@ def _special(tok, *names: str) -> int:
     raise UserError(f"the tokenizer has none of the special tokens {names}")
 
 
-def read_labels(model_dir: str | Path) -> list[str] | None:
-    """Label names from config.json's id2label (in id order), or None."""
-    p = Path(model_dir) / "config.json"
-    if not p.is_file():
-        return None
-    from bertforge.model.hf_interop import label_names_of
-
-    return label_names_of(json.loads(p.read_text(encoding="utf-8")))
-
-
 def read_pooling(model_dir: str | Path, chosen: str | None = None) -> tuple[str | None, int | None]:
     """A sentence-transformers directory's pooling ("mean" or "cls", from modules.json's Pooling module config)
     and its max_seq_length (sentence_bert_config.json); None for what it lacks. `chosen` (--pooling) wins over
@@ -194,7 +211,7 @@ def read_pooling(model_dir: str | Path, chosen: str | None = None) -> tuple[str 
         if not str(m.get("type", "")).endswith("Pooling"):
             continue
         p = model_dir / m.get("path", "") / "config.json"
-        cfg = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+        cfg = read_json_object(p, "restore the model's pooling config or pass --pooling") if p.is_file() else {}
         modes = [k[len("pooling_mode_") :] for k, v in cfg.items() if k.startswith("pooling_mode_") and v is True]
         named = {"mean_tokens": "mean", "cls_token": "cls"}
         if chosen is None and (len(modes) != 1 or modes[0] not in named):
@@ -205,7 +222,7 @@ def read_pooling(model_dir: str | Path, chosen: str | None = None) -> tuple[str 
         pooling = chosen or named[modes[0]]
     sb = model_dir / "sentence_bert_config.json"
     if sb.is_file():
-        max_len = json.loads(sb.read_text(encoding="utf-8")).get("max_seq_length")
+        max_len = read_json_object(sb, "restore the file or pass --max-seq-len").get("max_seq_length")
     return pooling, max_len
 
 
@@ -223,6 +240,7 @@ class Predictor:
         type_vocab_size: int = 2,
         precision: str = "fp32",
         pooling: str = "mean",
+        regression: bool = False,
     ):
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -238,6 +256,10 @@ class Predictor:
                 f"{limits.max_query_length} tokens; raise --max-seq-len"
             )
         self.labels = list(labels) if labels else None
+        if regression and task != "classify":
+            raise UserError(f"a regression model is served with --task classify, not {task}")
+        self.regression = regression
+        self.outputs = REGRESSION_OUTPUTS if regression else self.spec.outputs  # what the served model answers
         if pooling not in POOLINGS:
             raise UserError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
         self.pooling = pooling
@@ -266,24 +288,23 @@ class Predictor:
         cuda[:N], ...). `fit_seq_len`: lower `limits.max_seq_len` to the model's positions when it has fewer
         (`bertforge serve` without `--max-seq-len`), and for `embed` to a sentence-transformers model's own
         max_seq_length. `pooling` (embed): None takes the model's own pooling config, else mean."""
-        from bertforge.serve.export import load
+        from bertforge.model.hf_interop import label_names_of
+        from bertforge.serve.export import is_regression, load, num_labels_of, read_config
 
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         model_dir = Path(model_dir)
-        if not (model_dir / "config.json").is_file():
-            raise UserError(
-                f"{model_dir} has no config.json; pass a Hugging Face model directory "
-                "(what `bertforge finetune` or `bertforge export --format hf` writes)"
-            )
-        labels = read_labels(model_dir) if task == "classify" else None
-        num_labels = len(labels) if labels else 2
-        model, config = load(model_dir, TASKS[task].head, num_labels=num_labels)
+        raw = read_config(model_dir)  # missing, invalid, not an object: one line, before the weights load
+        labels, regression = None, False
+        if task == "classify":
+            num_labels = num_labels_of(model_dir)
+            labels = label_names_of(raw) or [f"LABEL_{i}" for i in range(num_labels)]
+            regression = is_regression(raw, f"{model_dir}/config.json")
+        head = "regression" if regression else TASKS[task].head
+        model, config = load(model_dir, head, num_labels=len(labels) if labels else None)
         if task == "embed":
             model = model.bert  # the encoder alone: (B, T) ids -> (B, T, H) token vectors
         model.to(dev.resolve_device(device))
-        if task == "classify" and labels is None:
-            labels = [f"LABEL_{i}" for i in range(num_labels)]
         # RoBERTa's positions start after its padding index
         positions = config.max_position_embeddings - (config.pad_token_id + 1 if config.model_type == "roberta" else 0)
         own_pooling, own_len = read_pooling(model_dir, pooling) if task == "embed" else (None, None)
@@ -301,6 +322,7 @@ class Predictor:
             type_vocab_size=config.type_vocab_size,
             precision=precision,
             pooling=pooling or own_pooling or "mean",
+            regression=regression,
         )
 
     # ---------------------------------------------------------------- shared
@@ -368,13 +390,31 @@ class Predictor:
 
     def __call__(self, inputs: dict[str, list[str]]) -> dict[str, np.ndarray]:
         """In-process use: one request in, batched outputs out (what the server returns for it)."""
-        return stack_outputs(self.task, self.predict(self.encode(inputs)))
+        return self.stack(self.predict(self.encode(inputs)))
+
+    def stack(self, rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Per-row outputs of one request as the batched arrays the server answers."""
+        return stack_outputs(self.task, rows, self.outputs)
 
     # ---------------------------------------------------------------- classify
-    def encode_pair(self, a: str, b: str | None) -> tuple[list[int], list[int]]:
-        """[CLS] a [SEP] (b [SEP]), the longer side cut first to fit max_seq_len (BERT's GLUE truncation)."""
-        ta = self.tok.encode(a, add_special_tokens=False).ids
-        tb = self.tok.encode(b, add_special_tokens=False).ids if b else []
+    def _token_ids(self, name: str, row: int, text: str) -> list[int]:
+        """`text`'s token ids, or a RequestError when it has none (decode_strings refuses blank text; this, text of
+        only what the tokenizer drops: control and zero-width characters)."""
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if not ids:
+            raise RequestError(
+                f"input {name!r} row {row} has no tokens (only characters the tokenizer drops, such as control or "
+                "zero-width ones); send text"
+            )
+        return ids
+
+    def encode_pair(self, a: str, b: str | None, row: int = 0) -> tuple[list[int], list[int]]:
+        """[CLS] a [SEP] (b [SEP]), the longer side cut first to fit max_seq_len (BERT's GLUE truncation). An empty
+        or blank `b` is no pair, as a blank text_pair column is (`bertforge predict --jsonl` sends "" for a row
+        without one)."""
+        b = b if b and b.strip() else None
+        ta = self._token_ids("text", row, a)
+        tb = self._token_ids("text_pair", row, b) if b else []
         budget = self.limits.max_seq_len - (3 if b else 2)
         while len(ta) + len(tb) > budget:
             if len(ta) >= len(tb):
@@ -391,10 +431,12 @@ class Predictor:
             raise RequestError(
                 f"inputs 'text' and 'text_pair' have {len(texts)} and {len(pairs)} rows; send one text_pair per text"
             )
-        return [self.encode_pair(t, pairs[i] if pairs else None) for i, t in enumerate(texts)]
+        return [self.encode_pair(t, pairs[i] if pairs else None, i) for i, t in enumerate(texts)]
 
     def _predict_classify(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
         out = self._forward([r[0] for r in rows], [r[1] for r in rows])
+        if self.regression:  # (B, 1): the prediction itself
+            return [{"score": v.astype(np.float32)} for v in out.logits.float().cpu().numpy()]
         probs = torch.softmax(out.logits.float(), dim=-1).cpu().numpy()  # (B, num_labels)
         res = []
         for p in probs:
@@ -466,6 +508,11 @@ class Predictor:
                 f"inputs 'question' and 'context' have {len(questions)} and {len(contexts)} rows; "
                 "send one context per question"
             )
+        for i, (q, c) in enumerate(zip(questions, contexts)):
+            for name, text in (("question", q), ("context", c)):
+                # a prefix with tokens shows the text has some: a long context is tokenized once more, for its windows
+                if not self.tok.encode(text[:256], add_special_tokens=False).ids:
+                    self._token_ids(name, i, text)
         return list(zip(questions, contexts))
 
     def _predict_qa(self, rows: list[Any]) -> list[dict[str, np.ndarray]]:
@@ -499,10 +546,10 @@ class Predictor:
         ]
 
 
-def stack_outputs(task: str, rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def stack_outputs(task: str, rows: list[dict[str, np.ndarray]], outputs: Sequence[IOSpec]) -> dict[str, np.ndarray]:
     """Per-row outputs of one request as batched arrays; fill-mask pads rows to the request's most masks."""
     out = {}
-    for spec in TASKS[task].outputs:
+    for spec in outputs:
         arrs = [r[spec.name] for r in rows]
         if task == "fill-mask":
             P, k = max(a.shape[0] for a in arrs), arrs[0].shape[1]

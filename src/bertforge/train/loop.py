@@ -1008,12 +1008,12 @@ def _load_weights(model: BertForTask, model_dir: Path, fix: str) -> None:
 def _check_shape(ours, model_dir: Path) -> None:
     """A checkpoint (--resume, train.init_checkpoint) of another model than this run builds: one line naming
     the settings, not a weight's shape with advice about heads."""
-    from bertforge.model.hf_interop import config_from_hf
+    from bertforge.model.hf_interop import config_from_hf, read_config
 
-    cfile = model_dir / "config.json"
     try:
-        theirs = config_from_hf(json.loads(cfile.read_text(encoding="utf-8")), str(cfile))
-    except (OSError, ValueError, UserError):
+        raw, cfile = read_config(model_dir)
+        theirs = config_from_hf(raw, str(cfile))
+    except UserError:
         return  # the weights' loader names what is wrong with the directory
     if differ := [
         f"{k} {getattr(theirs, k)} (this run: {getattr(ours, k)})"
