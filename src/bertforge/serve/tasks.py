@@ -305,8 +305,7 @@ class Predictor:
         if task == "embed":
             model = model.bert  # the encoder alone: (B, T) ids -> (B, T, H) token vectors
         model.to(dev.resolve_device(device))
-        # RoBERTa's positions start after its padding index
-        positions = config.max_position_embeddings - (config.pad_token_id + 1 if config.model_type == "roberta" else 0)
+        positions = config.usable_positions  # RoBERTa's start after its padding index
         own_pooling, own_len = read_pooling(model_dir, pooling) if task == "embed" else (None, None)
         limits = limits or Limits()
         fitted = min(positions, own_len or positions)
