@@ -187,7 +187,7 @@ def _kind(path: Path) -> str | None:
     """What `path` is, without following a symbolic link; None when nothing is there."""
     try:
         mode = path.lstat().st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # under a file: nothing there (the writer says why not)
         return None
     kinds = [
         (stat.S_ISREG, "file"),
