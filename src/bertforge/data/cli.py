@@ -104,10 +104,16 @@ def _check_flags(args: argparse.Namespace) -> None:
 
     if args.data_command in ("wiki", "docs"):
         source = args.dump if args.data_command == "wiki" else args.source
-        DocsConfig(source, args.min_doc_chars, args.shards, workers=args.workers).validate()
+        DocsConfig(
+            source=source, min_doc_chars=args.min_doc_chars, num_shards=args.shards, workers=args.workers
+        ).validate()
     elif args.data_command == "vocab":
         VocabConfig(
-            args.from_vocab, args.model, args.vocab_size, not args.cased, args.unused, args.min_frequency
+            vocab_file=args.from_vocab,
+            model=args.model,
+            vocab_size=args.vocab_size,
+            unused_tokens=args.unused,
+            min_frequency=args.min_frequency,
         ).validate()
 
 

@@ -52,7 +52,7 @@ from bertforge.optim.lamb import build_optimizer
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as D
 from bertforge.runtime.choices import apply_model_choices
-from bertforge.runtime.io import output_dir, write_text
+from bertforge.runtime.io import delete_outputs, output_dir, write_text
 from bertforge.runtime.metrics import MetricsLogger
 from bertforge.runtime.preempt import Preempted, Preemption
 from bertforge.runtime.progress import Progress
@@ -502,12 +502,8 @@ def claim_output_dir(run: FinetuneRun, out_dir: Path, say: Callable[[str], None]
     """Rank 0, once every input has passed its checks: delete an earlier run's records (`run.overwrite`), then
     record this run. Nothing in output_dir changes before this, so a refused start leaves an earlier run as it
     was."""
-    gone = run_records(out_dir) if run.overwrite else []
-    if gone:
-        names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in gone if p.name != ORIGIN_FILE)
-        for p in gone:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        say(f"--overwrite: deleted the earlier run's {names} in {out_dir}")
+    if run.overwrite and (gone := run_records(out_dir)):
+        delete_outputs(gone, out_dir, say, quiet=[ORIGIN_FILE])
     out_dir.mkdir(parents=True, exist_ok=True)  # run_finetune has made it; a caller of setup alone may not have
     write_text(out_dir / ORIGIN_FILE, json.dumps(_record(run), indent=1))
 

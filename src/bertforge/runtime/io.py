@@ -181,6 +181,16 @@ def remove_stale(directory: str | os.PathLike) -> int:
     return n
 
 
+def delete_outputs(paths: Iterable[Path], out: Path, say=print, quiet: Iterable[str] = ()) -> None:
+    """`--overwrite`: delete an earlier run's outputs `paths` (files and directories) in `out` and say which
+    (`quiet`: names not worth saying, e.g. a record file)."""
+    paths = list(paths)
+    names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in paths if p.name not in set(quiet))
+    for p in paths:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    say(f"--overwrite: deleted the earlier run's {names} in {out}")
+
+
 def remove_earlier(directory: str | os.PathLike, prefix: str, suffix: str, keep: Iterable[str]) -> list[str]:
     """Delete the files `PREFIX<N>SUFFIX` in `directory` that are not in `keep` — what an earlier run of the same
     command wrote with more shards — so that a reader of the directory never takes them for this run's;

@@ -43,7 +43,7 @@ from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime import fp8
 from bertforge.runtime.choices import apply_model_choices
-from bertforge.runtime.io import write_text
+from bertforge.runtime.io import delete_outputs, write_text
 from bertforge.runtime.metrics import MetricsLogger, read_jsonl
 from bertforge.runtime.preempt import Preempted, Preemption
 from bertforge.runtime.profile import PowerSampler, StepProfiler, StepTimeline, format_parts
@@ -311,10 +311,7 @@ def claim_output_dir(cfg: PretrainConfig, overwrite: bool, resumed_step: int | N
     leaves an earlier run as it was."""
     out = Path(cfg.train.output_dir)
     if overwrite and holds_run(out):
-        gone = [n for n in RUN_OUTPUTS if (out / n).exists()]
-        for name in gone:
-            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
-        print(f"--overwrite: deleted the earlier run's {', '.join(gone)} in {out}", flush=True)
+        delete_outputs([out / n for n in RUN_OUTPUTS if (out / n).exists()], out, say=lambda m: print(m, flush=True))
     if resumed_step is not None and (n := trim_metrics(out / "metrics.jsonl", resumed_step)):
         print(f"metrics.jsonl: dropped {n} rows after the checkpoint's step; those steps run again", flush=True)
     out.mkdir(parents=True, exist_ok=True)  # the CLI has made it; a caller of run_pretrain may not have
