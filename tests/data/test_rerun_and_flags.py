@@ -13,6 +13,7 @@ from bertforge.cli import main
 from bertforge.data.build import document_files
 from bertforge.data.shardset import ShardSet
 from bertforge.data.vocab import train_wordpiece
+from bertforge.errors import UserError
 
 TEXT = "\n\n".join(
     f"Document {i} tells of the river and the mountain.\nIt has a second line about the forest {i}." for i in range(12)
@@ -59,10 +60,10 @@ def test_readers_take_only_what_the_manifest_lists(corpus, tmp_path, capsys):
     out = tmp_path / "shards"
     assert main(_shards(docs, vocab, out, "--shards", "1")) == 0
     (out / "train_7.hdf5").write_bytes((out / "train_0.hdf5").read_bytes())  # another run's shard, by hand
-    with pytest.raises(Exception, match="train_7.hdf5 is not in the manifest"):
+    with pytest.raises(UserError, match="train_7.hdf5 is not in the manifest"):
         ShardSet.open(out)
     (docs / "docs_2.txt").unlink()
-    with pytest.raises(Exception, match="docs_2.txt is missing"):
+    with pytest.raises(UserError, match="docs_2.txt is missing"):
         document_files(docs)
 
 

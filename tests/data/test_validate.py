@@ -275,7 +275,7 @@ def test_a_real_full_disk_while_writing_shards_is_one_line_without_h5py_noise(co
     assert list(disk.iterdir()) == []  # no temporary shard, no spill, no empty directory
 
 
-def test_a_full_disk_while_pack_buckets_rows_isone_line(built, tmp_path, monkeypatch, capsys):
+def test_a_full_disk_while_pack_buckets_rows_is_one_line(built, tmp_path, monkeypatch, capsys):
     from bertforge.data import packing
 
     def full_disk(path, rows):

@@ -35,6 +35,7 @@ import numpy as np
 from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
+from bertforge.data.vocab import document_lines
 from bertforge.data.workers import WorkerPool, quiet_worker
 from bertforge.errors import UserError
 from bertforge.runtime.io import output_dir, raise_if_disk_full, remove_earlier, remove_stale, temp_name
@@ -90,17 +91,13 @@ def iter_documents(files: Sequence[Path]) -> Iterator[str]:
     """Each document's text (sentence lines joined by newlines); a blank line ends a document."""
     for path in files:
         lines: list[str] = []
-        try:
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    s = line.strip()
-                    if s:
-                        lines.append(s)
-                    elif lines:
-                        yield "\n".join(lines)
-                        lines = []
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path} is not UTF-8 text ({e}); convert it or clean it with `bertforge data docs`") from e
+        for line in document_lines(path):
+            s = line.strip()
+            if s:
+                lines.append(s)
+            elif lines:
+                yield "\n".join(lines)
+                lines = []
         if lines:
             yield "\n".join(lines)
 

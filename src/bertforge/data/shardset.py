@@ -247,8 +247,6 @@ def check_values(path: str | os.PathLike, arrays: Mapping[str, np.ndarray], firs
         if a is None or not a.size or (a.min() >= 0 and a.max() < limit):
             continue
         bad = np.flatnonzero(((a < 0) | (a >= limit)).reshape(len(a), -1).any(axis=1))
-        if not len(bad):
-            continue
         row = np.atleast_1d(a[int(bad[0])])
         value = int(row[(row < 0) | (row >= limit)][0])
         if key in ID_KEYS:
@@ -536,14 +534,14 @@ def _check_listed(directory: Path, manifest: Mapping[str, Any], infos: tuple[Sha
     """The shards the manifest lists must be there with the rows it records (a deleted or truncated shard
     would otherwise silently shrink the data)."""
     have = {i.path.name: i for i in infos}
-    listed = {e.get("file") if isinstance(e, dict) else e for e in manifest.get("shards") or []}
+    entries = [(e.get("file") if isinstance(e, dict) else e, e) for e in manifest.get("shards") or []]
+    listed = {name for name, _ in entries}
     if extra := sorted(set(have) - listed) if listed else []:  # read as data, it would be trained on twice
         raise UserError(
             f"shard {directory / extra[0]} is not in the manifest of {directory} (left by another run?): move it "
             "away, or re-run the command that wrote the directory"
         )
-    for entry in manifest.get("shards") or []:
-        name = entry.get("file") if isinstance(entry, dict) else entry
+    for name, entry in entries:
         if not isinstance(name, str):
             continue
         if name not in have:

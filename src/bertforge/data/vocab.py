@@ -235,15 +235,19 @@ def save_hf_tokenizer(vocab_file: Path, out_dir: Path, model_max_length: int) ->
     write_text(out_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
 
 
+def document_lines(path: Path) -> Iterator[str]:
+    """The lines of a documents file (`data vocab` and `data shards` read them); bytes that are not UTF-8 are one
+    line naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            yield from f
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text ({e}); convert it or clean it with `bertforge data docs`") from e
+
+
 def iter_document_lines(paths: Iterable[Path]) -> Iterator[str]:
     for p in paths:
-        try:
-            with open(p, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        yield line
-        except UnicodeDecodeError as e:  # `data shards` says the same of the same file
-            raise UserError(f"{p} is not UTF-8 text ({e}); convert it or clean it with `bertforge data docs`") from e
+        yield from (line for line in document_lines(p) if line.strip())
 
 
 def _continuation_symbols(tok: Tokenizer, paths: list[Path]) -> list[str]:

@@ -94,6 +94,10 @@ def format_table(rows: list[dict[str, Any]], title: str) -> str:
     return "\n".join(lines)
 
 
+PROFILE_WARMUP = 1
+"""Steps a StepProfiler lets pass unrecorded before its window (the first step compiles and warms caches)."""
+
+
 class StepProfiler:
     """Record `steps` training steps (after `warmup` unrecorded ones) with torch.profiler; on exit, or as
     soon as the window is complete, write `out_dir/trace.json` and `out_dir/top_ops.txt` and set `table`.
@@ -105,7 +109,7 @@ class StepProfiler:
         out_dir: str | os.PathLike,
         steps: int = 10,
         device: torch.device | str = "cpu",
-        warmup: int = 1,
+        warmup: int = PROFILE_WARMUP,
         top: int = 15,
         record_shapes: bool = False,
         name: str = TRACE_NAME,

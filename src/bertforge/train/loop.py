@@ -46,7 +46,7 @@ from bertforge.runtime.choices import apply_model_choices
 from bertforge.runtime.io import delete_outputs, write_text
 from bertforge.runtime.metrics import MetricsLogger, read_jsonl
 from bertforge.runtime.preempt import Preempted, Preemption
-from bertforge.runtime.profile import PowerSampler, StepProfiler, StepTimeline, format_parts
+from bertforge.runtime.profile import PROFILE_WARMUP, PowerSampler, StepProfiler, StepTimeline, format_parts
 from bertforge.runtime.step import TrainStep, set_lr, to_device, train_step, wants_segments
 from bertforge.train import checkpoint as ckpt
 from bertforge.train.config import PretrainConfig, PretrainTrainConfig
@@ -375,6 +375,11 @@ class Run:
 _SHAPE = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")
 
 
+def _shape_diff(a, b) -> list[str]:
+    """The _SHAPE fields in which two BertConfigs differ."""
+    return [k for k in _SHAPE if getattr(a, k) != getattr(b, k)]
+
+
 def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[torch.nn.Module, Any]:
     """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
     config's dropout rates replace its own); runtime choices applied from outside."""
@@ -386,7 +391,7 @@ def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[
         model, bert_cfg = load_pretrained(
             m.init_from, cfg.train.task, attention=cfg.train.attention, config_overrides=m.dropout_overrides()
         )
-        if differ := [f"{k} {getattr(asked, k)}" for k in _SHAPE if getattr(asked, k) != getattr(bert_cfg, k)]:
+        if differ := [f"{k} {getattr(asked, k)}" for k in _shape_diff(asked, bert_cfg)]:
             _log0(
                 info,
                 f"model.init_from {m.init_from}: its config.json decides the model's shape, not model.preset "
@@ -421,7 +426,7 @@ def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: boo
     saved = found.meta().get("config")
     if not isinstance(saved, dict):
         return  # nothing recorded to compare with
-    if (name := _optimizer_of(found)) not in (None, cfg.optim.name):
+    if (name := _optimizer_of(saved)) not in (None, cfg.optim.name):
         raise UserError(
             f"--resume: checkpoint {found.path} holds {name}'s state, and optim.name is now {cfg.optim.name}: "
             f"set optim.name={name} to continue the run, or start a new phase from it with "
@@ -473,7 +478,7 @@ def restore(
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix)
         prev = TrainState(**saved["train_state"])
-        if (name := _optimizer_of(src)) in (None, cfg.optim.name):
+        if (name := _optimizer_of(src.meta().get("config"))) in (None, cfg.optim.name):
             optimizer.load_state_dict(saved["optimizer"])
             _reset_optimizer_step(optimizer)
             _log0(info, f"phase {prev.phase + 1} from {src.path}: weights and optimizer moments loaded, step reset")
@@ -632,7 +637,7 @@ def save(run: Run, window: _Window) -> ckpt.Checkpoint | None:
     """A checkpoint of the whole state (rank 0 writes, every rank's RNG included); the sequences and tokens of
     steps not yet logged are counted first, so the checkpoint's totals are exact whatever log_every is."""
     state = run.state
-    window.settle(run.info, state)
+    window.settle(state)
     state.train_seconds = run.train_seconds
     rngs = _gather_rng(run.device)
     saved = None
@@ -759,13 +764,13 @@ def _profiler(run: Run, steps: int) -> StepProfiler | None:
 
 
 def check_profile(steps: int, t: PretrainTrainConfig, state: TrainState) -> None:
-    """`--profile N` records N steps after one warm-up step (StepProfiler's default): refused at start-up when
+    """`--profile N` records N steps after PROFILE_WARMUP steps (StepProfiler's default): refused at start-up when
     the steps this run has left cannot hold them (the profile would end with the run, unwritten)."""
-    left = _stop_at(t) - state.step
-    if steps > 0 and 1 + steps > left:
+    left, w = _stop_at(t) - state.step, PROFILE_WARMUP
+    if steps > 0 and w + steps > left:
         raise UserError(
-            f"--profile {steps} records {steps} steps after 1 warm-up step, and this run has {left} left: "
-            + (f"lower --profile to {left - 1} or raise train.max_steps" if left > 1 else "raise train.max_steps")
+            f"--profile {steps} records {steps} steps after {w} warm-up step, and this run has {left} left: "
+            + (f"lower --profile to {left - w} or raise train.max_steps" if left > w else "raise train.max_steps")
         )
 
 
@@ -837,7 +842,7 @@ def _last_values(run: Run, window: _Window) -> dict[str, Any]:
 
 def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[str, Any]:
     state = run.state
-    window.settle(run.info, state)  # a run that stops between two log lines (train.stop_after_steps)
+    window.settle(state)  # a run that stops between two log lines (train.stop_after_steps)
     final = ckpt.latest_checkpoint(run.ckpt_root)
     summary = {
         "phase": state.phase,
@@ -923,9 +928,12 @@ class _Window:
             ]
         )
 
-    def settle(self, info: ddp.DistInfo, state: TrainState) -> None:
+    def settle(self, state: TrainState) -> None:
         """Add the window's sequences and tokens (all ranks) not yet counted to `state`, between log lines: a
-        checkpoint or the summary must hold exact totals. A collective: every rank calls it."""
+        checkpoint or the summary must hold exact totals. A collective: every rank calls it (the step counts
+        that skip it when the window is empty are the same on every rank)."""
+        if not (self.updates or self.skipped):  # just flushed: nothing to count, no sync
+            return
         totals = self.sums[6:8].clone()
         ddp.all_reduce_sum(totals)
         sequences, tokens = (int(x) for x in totals.tolist())
@@ -1012,20 +1020,16 @@ def _check_shape(ours, model_dir: Path) -> None:
         theirs = config_from_hf(raw, str(cfile))
     except UserError:
         return  # the weights' loader names what is wrong with the directory
-    if differ := [
-        f"{k} {getattr(theirs, k)} (this run: {getattr(ours, k)})"
-        for k in _SHAPE
-        if getattr(theirs, k) != getattr(ours, k)
-    ]:
+    if differ := [f"{k} {getattr(theirs, k)} (this run: {getattr(ours, k)})" for k in _shape_diff(theirs, ours)]:
         raise UserError(
             f"{model_dir} holds another model: {', '.join(differ)}; set model.preset and "
             "model.max_position_embeddings as the run that wrote it had them"
         )
 
 
-def _optimizer_of(found: ckpt.Checkpoint) -> str | None:
-    """The optimizer whose state a checkpoint holds (its run's optim.name), None where it recorded no config."""
-    saved = found.meta().get("config")
+def _optimizer_of(saved: Any) -> str | None:
+    """The optimizer whose state a checkpoint holds: its run's optim.name in `saved` (the config its meta.json
+    recorded), None where it recorded none."""
     name = ((saved.get("optim") or {}) if isinstance(saved, dict) else {}).get("name")
     return name if isinstance(name, str) else None
 
