@@ -111,10 +111,10 @@ def resolve_head(model_dir: Path, task: str | None) -> str:
 
 def num_labels_of(model_dir: Path) -> int:
     """A classification model's labels: config.json's id2label, else its num_labels (default 2)."""
-    return _num_labels(read_config(model_dir), f"{model_dir}/config.json")
+    return num_labels_from(read_config(model_dir), f"{model_dir}/config.json")
 
 
-def _num_labels(raw: dict[str, Any], source: str) -> int:
+def num_labels_from(raw: dict[str, Any], source: str) -> int:
     id2label, n = raw.get("id2label"), raw.get("num_labels", 2)
     if isinstance(id2label, dict) and id2label:
         return len(id2label)
@@ -126,7 +126,7 @@ def _num_labels(raw: dict[str, Any], source: str) -> int:
 def is_regression(raw: dict[str, Any], source: str) -> bool:
     """A sequence-classification config that predicts one number (STS-B), as Hugging Face decides it (its models'
     loss and its text-classification pipeline): problem_type regression, or a single label."""
-    return raw.get("problem_type") == "regression" or _num_labels(raw, source) == 1
+    return raw.get("problem_type") == "regression" or num_labels_from(raw, source) == 1
 
 
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:
@@ -217,7 +217,6 @@ def load(
     """The model of `head` from `model_dir`; head "encoder": the encoder of any checkpoint, its pooler kept."""
     from bertforge.model.hf_interop import load_pretrained
 
-    read_config(model_dir)  # a missing or invalid config is one line here, before load_pretrained reads it
     if head == ENCODER:
         # built as a sequence classifier, the one head that keeps the pooler; a classification head in the
         # checkpoint loads (num_labels from config.json), every other head's weights are ignored
@@ -272,7 +271,7 @@ def export_hf(
     sentence-embedding model) and gets a fresh, seeded init; for smoke tests and serving benchmarks.
     `force`: replace whatever `out` holds (see `check_out`).
     """
-    from bertforge.model.hf_interop import save_pretrained
+    from bertforge.model.hf_interop import label_names_of, save_pretrained
 
     if num_labels is not None and num_labels < 1:
         raise UserError(f"--num-labels must be at least 1, not {num_labels}")
@@ -284,9 +283,9 @@ def export_hf(
         if head == ENCODER:
             save_encoder(model, config, tmp)
             copy_sentence_transformers(model_dir, tmp)
-        else:
-            save_pretrained(model, config, tmp, head)
-        write_config(model, config, head, model_dir, tmp)  # over save_pretrained's: the source's label names kept
+            write_config(model, config, head, model_dir, tmp)
+        else:  # the source's label names kept
+            save_pretrained(model, config, tmp, head, label_names_of(read_config(model_dir)))
         copy_tokenizer(model_dir, tmp)
         write_marker(tmp, "hf", head, model_dir)
     return out

@@ -44,7 +44,7 @@ HOP_HEADERS = frozenset(
 REQUEST_DROP = HOP_HEADERS | {"host", "content-length", "content-encoding"}
 RESPONSE_DROP = HOP_HEADERS | {"content-length"}  # Triton's encoding passes (it compressed what was asked for)
 BINARY_HEADER = "Inference-Header-Content-Length"  # KServe binary-tensor extension: JSON, then raw tensors
-# Content-Encodings the guard inflates (zlib's window bits; deflate's are chosen by `_inflater`); others are a 415
+# Content-Encodings the guard inflates (zlib's window bits; `Inflater.feed` picks a raw deflate's); others: 415
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 # JSON nesting accepted: a request nests 4 levels around its tensors' data, which nests one level per dimension;
 # deeper documents only exercise parsers' recursion (Python's json and ours raise RecursionError near 1000)

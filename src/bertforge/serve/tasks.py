@@ -289,7 +289,7 @@ class Predictor:
         (`bertforge serve` without `--max-seq-len`), and for `embed` to a sentence-transformers model's own
         max_seq_length. `pooling` (embed): None takes the model's own pooling config, else mean."""
         from bertforge.model.hf_interop import label_names_of
-        from bertforge.serve.export import is_regression, load, num_labels_of, read_config
+        from bertforge.serve.export import is_regression, load, num_labels_from, read_config
 
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -297,7 +297,7 @@ class Predictor:
         raw = read_config(model_dir)  # missing, invalid, not an object: one line, before the weights load
         labels, regression = None, False
         if task == "classify":
-            num_labels = num_labels_of(model_dir)
+            num_labels = num_labels_from(raw, f"{model_dir}/config.json")  # the config in hand, not read again
             labels = label_names_of(raw) or [f"LABEL_{i}" for i in range(num_labels)]
             regression = is_regression(raw, f"{model_dir}/config.json")
         head = "regression" if regression else TASKS[task].head
