@@ -68,13 +68,22 @@ def finetune_add(p: argparse.ArgumentParser) -> None:
 
 
 def finetune_run(args: argparse.Namespace) -> int:
+    from bertforge.runtime.distributed import env_info
+    from bertforge.runtime.preempt import Preempted
+
+    try:
+        return _suite_run(args) if args.task == "glue" else _task_run(args)
+    except Preempted as e:  # one line and 143/130; a re-run of the suite goes on from where it stopped
+        if env_info().is_main:  # every rank stopped at the same update; one line says so
+            print(f"bertforge finetune: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+
+
+def _task_run(args: argparse.Namespace) -> int:
     from bertforge.config import load_config
     from bertforge.finetune import glue
     from bertforge.finetune.runner import SQUAD_TASKS, FinetuneRun, run_finetune
-    from bertforge.runtime.preempt import Preempted
 
-    if args.task == "glue":
-        return _suite_run(args)
     _refuse_suite_flags(args)
     _refuse_conflicting_data_flags(args)
     overrides = list(args.set) + ([f"train.output_dir={args.output_dir}"] if args.output_dir else [])
@@ -92,14 +101,7 @@ def finetune_run(args: argparse.Namespace) -> int:
     else:
         _warn_squad_keys(args.task, cfg.task)
     run = FinetuneRun(args.task, args.model, train, devs, args.dataset, args.eval_only, args.overwrite)
-    try:
-        summary = run_finetune(run, cfg)
-    except Preempted as e:
-        from bertforge.runtime.distributed import env_info
-
-        if env_info().is_main:  # every rank stopped at the same update; one line says so
-            print(f"bertforge finetune: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
+    summary = run_finetune(run, cfg)
     best = {k: v for k, v in summary["best"].items() if isinstance(v, (int, float))}
     print(json.dumps({"best": best, "output_dir": cfg.train.output_dir}))
     return 0
@@ -140,7 +142,6 @@ def _refuse_conflicting_data_flags(args: argparse.Namespace) -> None:
 
 def _suite_run(args: argparse.Namespace) -> int:
     from bertforge.finetune.suite import SuiteOptions, run_suite
-    from bertforge.runtime.preempt import Preempted
 
     if not args.glue_dir:
         raise UserError("--task glue needs --glue-dir (a glue_data directory with <TASK>/train.tsv and dev files)")
@@ -164,11 +165,7 @@ def _suite_run(args: argparse.Namespace) -> int:
         keep_models=args.keep_models,
         overwrite=args.overwrite,
     )
-    try:
-        table = run_suite(opts)
-    except Preempted as e:  # one line and 143/130, as one fine-tuning run; a re-run goes on from here
-        print(f"bertforge finetune: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
+    table = run_suite(opts)
     print(json.dumps({"average": table["average"], "output_dir": opts.output_dir}))
     return 0
 

@@ -125,12 +125,12 @@ def _read_lines(path: Path, spec: TaskSpec) -> list[str]:
     """The file's lines (a UTF-8 byte-order mark dropped: MRPC has one); a path that is not a readable UTF-8
     file is a UserError naming it (and, for bad bytes, the line and byte)."""
     where = f"point --train-file/--dev-file at glue_data/{spec.dir}/*.tsv"
-    if path.is_dir():
-        raise UserError(f"GLUE file {path} is a directory, not a TSV file; {where}")
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise UserError(f"GLUE file {path} does not exist; {where}") from None
+    except IsADirectoryError:
+        raise UserError(f"GLUE file {path} is a directory, not a TSV file; {where}") from None
     except OSError as e:
         raise UserError(f"GLUE file {path} cannot be read ({e.strerror}); {where}") from None
     try:

@@ -349,10 +349,9 @@ def load_model(
 def _other_head(model_dir: str, keys: list[str]) -> str:
     """'its head (classifier.weight, ...) has 3 outputs (fine-tuned for another task)', the count from
     config.json's id2label."""
-    from bertforge.model.hf_interop import label_names_of
+    from bertforge.model.hf_interop import label_names_of, read_config
 
-    raw = _read_json(Path(model_dir) / "config.json")
-    labels = label_names_of(raw) if isinstance(raw, dict) else None
+    labels = label_names_of(read_config(model_dir)[0])
     size = f"{len(labels)} outputs" if labels else "another size"
     return f"its head ({', '.join(keys)}) has {size} (fine-tuned for another task)"
 
