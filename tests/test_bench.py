@@ -235,7 +235,11 @@ def test_every_shipped_spec_loads_and_its_calls_take_their_params(path):
                 for k, v in bound.arguments.items()
                 if k not in ("warmup_steps", "timeout_s", "curve", "cold_compile")
             }
-            load_config("pretrain", *loop_config("/tmp/out", **args))
+            cfg = load_config("pretrain", *loop_config("/tmp/out", **args))
+            named = set(args.get("extra") or [])  # every fast path an entry measures is named, none left to auto
+            for section, key in (("train", "compile"), ("train", "cuda_graphs"), ("optim", "compile")):
+                on = f"{section}.{key}=true" in named
+                assert getattr(getattr(cfg, section), key) is on, (b.name, section, key)
 
 
 def _bench_cli(spec, out_json, *extra):

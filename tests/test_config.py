@@ -161,3 +161,39 @@ def test_model_presets(name, layers, hidden, heads):
     assert cfg.vocab_size == 30522 and cfg.max_position_embeddings == 512
     bert = {k for k, v in MODEL_PRESETS.items() if v.model_type == "bert"}
     assert bert == {"tiny", "mini", "small", "medium", "base", "large"}
+
+
+def _resolved(fast: bool, packed: bool = False, **train) -> tuple[bool | None, bool | None, bool | None]:
+    t, o = C.resolve_auto(C.TrainConfig(**train), C.OptimConfig(), fast, packed)
+    return t.compile, t.cuda_graphs, o.compile
+
+
+def test_auto_fast_paths_follow_the_measured_table():
+    """train.compile, train.cuda_graphs and optim.compile default to auto: all on for pre-training on one CUDA
+    device (`fast`) where every step has one shape (packed rows under auto attention, padded rows under sdpa),
+    CUDA graphs off where shapes vary or under FP8 or layer scope, everything off elsewhere; a user's value
+    stays as set."""
+    t = C.TrainConfig()
+    assert (t.compile, t.cuda_graphs, C.OptimConfig().compile) == (None, None, None)
+    assert _resolved(False) == (False, False, False)
+    assert _resolved(False, packed=True, attention="sdpa") == (False, False, False)
+    assert _resolved(True, packed=True) == (True, True, True)
+    assert _resolved(True, attention="sdpa") == (True, True, True)
+    assert _resolved(True) == (True, False, True)  # unpacked rows unpadded to their own shapes
+    assert _resolved(True, packed=True, attention="eager") == (True, False, True)
+    assert _resolved(True, packed=True, fp8=True) == (True, False, True)
+    assert _resolved(True, packed=True, compile=True, compile_scope="layers") == (True, False, True)
+    assert _resolved(True, packed=True, compile=False) == (False, False, True)
+    assert _resolved(True, packed=True, cuda_graphs=False) == (True, False, True)
+    assert _resolved(False, compile=True, cuda_graphs=True, attention="sdpa") == (True, True, False)
+    t, o = C.resolve_auto(C.TrainConfig(), C.OptimConfig(name="adamw"), True, True)
+    assert o.compile is False  # torch's AdamW is fused already
+
+
+def test_auto_is_a_value_of_the_auto_switches_and_refused_elsewhere():
+    cfg = C.load_config("pretrain", "demo_tiny_128", ["train.compile=true", "train.compile=auto", "optim.compile=auto"])
+    assert cfg.train.compile is None and cfg.optim.compile is None
+    with pytest.raises(ConfigError, match="train.tensorboard"):
+        C.load_config("pretrain", "demo_tiny_128", ["train.tensorboard=auto"])
+    with pytest.raises(ConfigError, match="set train.compile=true as well"):  # graphs asked for: compile too
+        C.load_config("pretrain", "demo_tiny_128", ["train.cuda_graphs=true"])

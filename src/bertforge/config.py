@@ -23,7 +23,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import yaml
 
@@ -126,18 +126,24 @@ class TrainConfig:
     """Attention kernel: auto (the flash varlen kernel where available, else sdpa), sdpa, varlen or eager (the
     reference). On CUDA, auto runs packed or compiled steps in the segmented layout (fixed shapes, bounds from
     the loader) and other steps unpadded; varlen always unpads."""
-    compile: bool = False
-    """Compile the training step's forward and backward with torch.compile."""
+    compile: bool | None = None
+    """Compile the training step's forward and backward with torch.compile. auto (null, the default): on for
+    pre-training on one CUDA device with Triton (`resolve_auto`; 1.16x for BERT-large phase 1 in the H100 loop,
+    after 60-125 s of compiling at the first step), off elsewhere (0.86-0.97x in the CPU loop; fine-tuning pads
+    each batch to its own length, so its shapes change)."""
     compile_scope: str = "model"
     """What train.compile compiles: model (the whole forward and loss as one graph, and its backward) or layers
     (each encoder layer on its own: one compilation serves every layer of a kind, so compiling takes 3x (BERT-base)
     to 6x (BERT-large) less time, while embeddings, heads and loss run eager; see docs/pretraining.md)."""
-    cuda_graphs: bool = False
+    cuda_graphs: bool | None = None
     """With train.compile on CUDA: capture the compiled forward and backward in CUDA graphs (torch.compile's
     "reduce-overhead" mode), so a step is replayed without launching its kernels one by one. Needs the same
     shapes every step: padded rows with train.attention=sdpa, or packed rows; under train.attention=auto the
     segmented layout's bounds take a few sizes, each captured once. With accumulation, the first micro-batch's
-    gradients are copied out of the graphs' memory pool once per update (the next replay would overwrite them)."""
+    gradients are copied out of the graphs' memory pool once per update (the next replay would overwrite them).
+    auto (null, the default): on for pre-training on one CUDA device with the step compiled as one graph, on
+    packed rows under train.attention=auto or padded rows under sdpa (the fixed shapes the H100 loop measured:
+    1.04-1.12x), without FP8; off elsewhere."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass to save activation memory."""
     low_precision_layernorm: bool = False
@@ -177,11 +183,11 @@ class TrainConfig:
             raise ConfigError(f"train.attention must be {', '.join(ATTENTION_KERNELS)}, not {self.attention!r}")
         if self.compile_scope not in COMPILE_SCOPES:
             raise ConfigError(f"train.compile_scope must be {' or '.join(COMPILE_SCOPES)}, not {self.compile_scope!r}")
-        if self.compile_scope != "model" and not self.compile:
+        if self.compile_scope != "model" and self.compile is not True:
             raise ConfigError(
                 f"train.compile_scope={self.compile_scope} says what train.compile compiles: set train.compile=true"
             )
-        if self.cuda_graphs and not self.compile:
+        if self.cuda_graphs and self.compile is not True:
             raise ConfigError("train.cuda_graphs captures the compiled step: set train.compile=true as well")
         if self.cuda_graphs and self.device not in ("auto", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"train.cuda_graphs needs a CUDA device; train.device is {self.device!r}")
@@ -237,10 +243,10 @@ class OptimConfig:
     """Denominator epsilon."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0: no clipping)."""
-    compile: bool = False
+    compile: bool | None = None
     """lamb only: compile its update with torch.compile, which fuses its dozen passes over the parameters,
     moments and gradients into a few kernels (compiled once, at the first step). adamw runs torch's fused
-    kernel already."""
+    kernel already. auto (null, the default): on for LAMB in pre-training on one CUDA device, off elsewhere."""
 
     def validate(self) -> None:
         if self.name not in ("lamb", "adamw"):
@@ -276,9 +282,34 @@ class OptimConfig:
             raise ConfigError(f"optim.max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
 
 
+_Train = TypeVar("_Train", bound=TrainConfig)  # pre-training's or fine-tuning's sections
+_Optim = TypeVar("_Optim", bound=OptimConfig)
+
+
+def resolve_auto(train: _Train, optim: _Optim, fast: bool, packed: bool) -> tuple[_Train, _Optim]:
+    """`train.compile`, `train.cuda_graphs` and `optim.compile` left at auto (None) made true or false for a
+    run, before anything reads them: on where the H100 loop measured a win (docs/pretraining.md), which `fast`
+    says (pre-training on one CUDA device that can compile), off elsewhere; CUDA graphs only where every step
+    has the same shapes (`packed` rows, or padded rows under sdpa). What a user set stays as set."""
+    compile = fast if train.compile is None else train.compile
+    graphs = train.cuda_graphs
+    if graphs is None:
+        fixed = train.attention == "sdpa" or (train.attention == "auto" and packed)
+        graphs = fast and compile and fixed and train.compile_scope == "model" and not train.fp8
+    opt = fast and optim.name == "lamb" if optim.compile is None else optim.compile
+    return dataclasses.replace(train, compile=compile, cuda_graphs=graphs), dataclasses.replace(optim, compile=opt)
+
+
 def compile_mode(train: TrainConfig) -> bool | str:
     """`TrainStep.build`'s compile argument: off, inductor's default mode, or with CUDA graphs."""
-    return "reduce-overhead" if train.cuda_graphs else train.compile
+    return "reduce-overhead" if train.cuda_graphs else bool(train.compile)
+
+
+def step_kind(train: TrainConfig, optim: OptimConfig) -> str:
+    """How the run's step executes, for its start-up line: "eager", or what is compiled and captured."""
+    parts = [f"compiled ({train.compile_scope} scope)" if train.compile else "eager"]
+    parts += ["CUDA graphs"] * bool(train.cuda_graphs) + ["LAMB compiled"] * bool(optim.compile)
+    return ", ".join(parts)
 
 
 def compile_notice(train: TrainConfig) -> str | None:
@@ -379,6 +410,8 @@ def _is_section(tp: Any) -> TypeGuard[type]:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     tp, optional = _strip_optional(tp)
+    if optional and tp is bool and isinstance(value, str) and value.lower() == "auto":
+        return None  # a switch whose default is decided at the run's start (`resolve_auto`)
     if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "~")):
         if optional:
             return None

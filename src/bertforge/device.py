@@ -139,6 +139,21 @@ def resolve_precision(spec: str, device: torch.device) -> str:
     return "fp32"
 
 
+def has_triton() -> bool:
+    """Whether Triton, which torch.compile builds its CUDA kernels with, is installed."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compiles_fast(device: torch.device, distributed: bool) -> bool:
+    """Whether a pre-training run's auto settings turn torch.compile on (`config.resolve_auto`): on one CUDA
+    device with Triton, where the H100 loop measured it win; multi-process runs were not measured."""
+    return device.type == "cuda" and not distributed and has_triton()
+
+
 def check_compile_toolchain(device: torch.device, keys: list[str]) -> None:
     """torch.compile (the settings `keys` that asked for it) builds its kernels at the first step: on the CPU
     with a C++ compiler, on CUDA with Triton. Missing, that is a failure minutes into a run; checked here
@@ -149,12 +164,8 @@ def check_compile_toolchain(device: torch.device, keys: list[str]) -> None:
     if "train.cuda_graphs" in keys and device.type != "cuda":
         raise UserError(f"train.cuda_graphs needs a CUDA device; this run is on {device.type}: set it false")
     if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            raise UserError(
-                f"{asked}: torch.compile on CUDA needs Triton (pip install triton); or set it false"
-            ) from None
+        if not has_triton():
+            raise UserError(f"{asked}: torch.compile on CUDA needs Triton (pip install triton); or set it false")
     elif device.type == "cpu":
         try:
             from torch._inductor import cpp_builder

@@ -95,7 +95,7 @@ def test_overwrite_deletes_only_after_every_start_check(
         raise ValueError("Invalid learning rate (simulated)")  # what torch's optimizers raise for a bad setting
 
     with monkeypatch.context() as m:
-        m.setattr(runner, "build_optimizer", refuses)
+        m.setattr(runner, "optimizer_for", refuses)
         with pytest.raises(ValueError, match="simulated"):
             main(argv)
     assert _records(earlier_run) == before

@@ -600,8 +600,8 @@ def test_lamb_and_poly_schedule_for_finetuning(tiny_model, tmp_path, monkeypatch
     from bertforge.optim.schedule import lr_at
 
     built = []
-    real = runner.build_optimizer
-    monkeypatch.setattr(runner, "build_optimizer", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    real = runner.optimizer_for
+    monkeypatch.setattr(runner, "optimizer_for", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
     train, dev = _mrpc(tmp_path, 32), _mrpc(tmp_path, 8)
     cfg = _cfg(tmp_path, "optim.name=lamb", "optim.schedule=poly", "optim.lr=1e-2", "optim.warmup=0.25")
     s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)
@@ -665,8 +665,8 @@ def test_optim_compile_fine_tunes_with_the_compiled_lamb_and_checks_its_toolchai
     from bertforge.finetune import runner
 
     built = []
-    real = runner.build_optimizer
-    monkeypatch.setattr(runner, "build_optimizer", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    real = runner.optimizer_for
+    monkeypatch.setattr(runner, "optimizer_for", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
     train, dev = _mrpc(tmp_path, 16), _mrpc(tmp_path, 8)
     cfg = _cfg(tmp_path / "a", "optim.name=lamb", "optim.compile=true", "optim.lr=1e-2")
     s = run_finetune(FinetuneRun("mrpc", str(tiny_model), str(train), [str(dev)]), cfg, log=lambda s: None)

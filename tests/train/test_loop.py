@@ -344,6 +344,30 @@ def test_cuda_graphs_need_the_compiled_step_and_a_cuda_device(shards, tmp_path):
         assert not (tmp_path / "a").exists()
 
 
+def test_auto_fast_paths_are_decided_at_start_and_recorded(shards, tmp_path, capsys, monkeypatch):
+    """The auto switches (train.compile, train.cuda_graphs, optim.compile) are made true or false before the
+    first step, from the machine (`compiles_fast`) and the data: config.yaml records what ran, not auto, and
+    the start-up line says how the step runs. On the CPU the run is eager; with the gate open (as on one CUDA
+    device with Triton) the same config compiles, and an unpacked CPU run takes no CUDA graphs."""
+    import yaml
+
+    from bertforge import device as dev
+
+    run_pretrain(_cfg(shards, tmp_path / "cpu"))
+    saved = yaml.safe_load((tmp_path / "cpu" / "config.yaml").read_text())
+    assert (saved["train"]["compile"], saved["train"]["cuda_graphs"], saved["optim"]["compile"]) == (
+        False, False, False,
+    )  # fmt: skip
+    assert "; step: eager\n" in capsys.readouterr().out
+    monkeypatch.setattr(dev, "compiles_fast", lambda device, distributed: True)
+    run_pretrain(_cfg(shards, tmp_path / "fast", **{"train.max_steps": 2, "train.attention": "eager"}))
+    saved = yaml.safe_load((tmp_path / "fast" / "config.yaml").read_text())
+    assert (saved["train"]["compile"], saved["train"]["cuda_graphs"], saved["optim"]["compile"]) == (
+        True, False, True,
+    )  # fmt: skip
+    assert "; step: compiled (model scope), LAMB compiled\n" in capsys.readouterr().out
+
+
 def test_the_cpu_fast_paths_in_the_loop_track_eager_and_resume_exactly(shards, tmp_path):
     """`bertforge pretrain` itself with train.compile and optim.compile (CPU, fp32, no dropout): the losses of
     the eager loop within 1e-4 relative; stop + resume with them on is still bitwise."""

@@ -76,6 +76,11 @@ def loop_config(
         "data.eval_dir=null",
         f"train.seed={seed}",
         "model.init_from=null",
+        # the entries name every fast path they measure: none is left to the auto defaults (`resolve_auto`), so an
+        # entry without extras is the eager step on every machine
+        "train.compile=false",
+        "train.cuda_graphs=false",
+        "optim.compile=false",
         *_data_overrides(seq_len, max_pred, pack, histogram, data_dir),
         *(extra or []),
     ]

@@ -41,14 +41,14 @@ import numpy as np
 import torch
 
 from bertforge import device as dev
-from bertforge.config import compile_keys, compile_mode, compile_notice
+from bertforge.config import compile_keys, compile_mode, compile_notice, resolve_auto
 from bertforge.data.vocab import load_tokenizer, tokenizer_file
 from bertforge.errors import UserError
 from bertforge.finetune import glue, squad
 from bertforge.finetune.config import FinetuneConfig, TaskConfig
 from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
 from bertforge.model.attention import segment_bounds
-from bertforge.optim.lamb import build_optimizer
+from bertforge.optim.lamb import optimizer_for
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as D
 from bertforge.runtime.choices import apply_model_choices
@@ -542,8 +542,11 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     """Check the inputs, join the process group, load the tokenizer, the model and the task's data, build the
     optimizer, then claim the output dir and open the metrics log: a bad input fails before anything is written
     or deleted."""
-    t = cfg.train
     _check_run(run)
+    # fine-tuning pads each batch to its own length: no auto setting compiles (measured for pre-training only)
+    train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, fast=False, packed=False)
+    cfg = dataclasses.replace(cfg, train=train_cfg, optim=optim_cfg)
+    t = cfg.train
     info, device = D.init_distributed(t.device)
     dev.check_compile_toolchain(device, compile_keys(t, cfg.optim))
     if t.global_batch_size % (t.micro_batch_size * info.world_size):
@@ -597,7 +600,7 @@ def build_step(
 ) -> TrainStep:
     """The optimizer named by optim.name and the one training step (DDP wrapper when distributed)."""
     o, t = cfg.optim, cfg.train
-    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type, o.compile)
+    optimizer = optimizer_for(model, o, device.type)
     wrapper = D.wrap_ddp(model, device, info) if info.distributed else None
     return TrainStep.build(
         model,

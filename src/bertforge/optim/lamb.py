@@ -2,7 +2,7 @@
 
     groups = param_groups(model, weight_decay=0.01)       # decay / no-decay by name
     opt = Lamb(groups, lr=6e-3)                            # foreach fast path
-    opt = build_optimizer(model, cfg.optim)                # lamb or adamw from a config
+    opt = optimizer_for(model, cfg.optim, device.type)     # lamb or adamw from a config
 
 One step (You et al. 2019, arXiv 1904.00962, as in NVIDIA apex `FusedLAMB` / DeepLearningExamples BERT):
 1. optional global clipping: every gradient is scaled by max_grad_norm / max(‖g‖, max_grad_norm), where ‖g‖ is
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -242,6 +242,23 @@ def reference_lamb_step(
                 if w_norm > 0 and u_norm > 0:
                     trust = w_norm / u_norm
             p.sub_(o["lr"] * trust * u)
+
+
+class OptimSection(Protocol):
+    """What `optimizer_for` reads of a run's `optim` section (`config.OptimConfig`, which imports this package)."""
+
+    name: str
+    lr: float
+    weight_decay: float
+    beta1: float
+    beta2: float
+    eps: float
+    compile: bool | None
+
+
+def optimizer_for(model: nn.Module, o: OptimSection, device_type: str) -> torch.optim.Optimizer:
+    """`build_optimizer` from a run's `optim` section (its auto settings resolved: `config.resolve_auto`)."""
+    return build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device_type, bool(o.compile))
 
 
 def build_optimizer(

@@ -26,19 +26,19 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from bertforge import device as dev
-from bertforge.config import compile_keys, compile_mode, compile_notice, save_config
+from bertforge.config import compile_keys, compile_mode, compile_notice, resolve_auto, save_config, step_kind
 from bertforge.data import synthetic
 from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides, with_segments
 from bertforge.data.shardset import ShardSet
 from bertforge.errors import UserError
-from bertforge.optim.lamb import build_optimizer
+from bertforge.optim.lamb import optimizer_for
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime import fp8
@@ -506,12 +506,16 @@ def setup(
     """Device, model, optimizer, restored state, the compiled step, the data and the logger. Everything the
     files record (shards, vocab, the checkpoint's config) is checked before the model is built."""
     t_created = time.perf_counter()
-    t, o = cfg.train, cfg.optim
-    info, device = ddp.init_distributed(t.device)
-    precision = dev.resolve_precision(t.precision, device)
-    dev.check_compile_toolchain(device, compile_keys(cfg.train, cfg.optim))
+    info, device = ddp.init_distributed(cfg.train.device)
+    precision = dev.resolve_precision(cfg.train.precision, device)
     shards = open_data(cfg, info)
     vocab_size, vocab_file = resolve_vocab(cfg, shards)
+    loader = build_loader(cfg, shards, info, vocab_size)  # reads nothing yet: its workers start at the first step
+    packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
+    train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, dev.compiles_fast(device, info.distributed), packed)
+    cfg = replace(cfg, train=train_cfg, optim=optim_cfg)  # auto settings made concrete, as config.yaml records
+    t, o = cfg.train, cfg.optim
+    dev.check_compile_toolchain(device, compile_keys(t, o))
     ckpt_root = Path(t.output_dir) / "checkpoints"
     if resume and (found := ckpt.latest_checkpoint(ckpt_root)) is not None:
         check_resume(cfg, found, allow_changed, info)
@@ -519,7 +523,7 @@ def setup(
     model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size), info)
     model.to(device)
     guard = _enter_fp8(cfg, model, device, precision, info)
-    optimizer = build_optimizer(model, o.name, o.lr, o.weight_decay, (o.beta1, o.beta2), o.eps, device.type, o.compile)
+    optimizer = optimizer_for(model, o, device.type)
     scaler = dev.grad_scaler(device, precision)
     state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
     if not resumed:
@@ -536,9 +540,7 @@ def setup(
         scaler=scaler,
         compile_scope=t.compile_scope,
     )
-    loader = build_loader(cfg, shards, info, vocab_size)
     loader.pin_memory = device.type == "cuda"  # page-locked batches: the non-blocking copies overlap the step
-    packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
     loader.segments = wants_segments(device, t.attention, packed, fixed=bool(compile_mode(t)) or t.fp8)
     check_fits(loader, shards, bert_cfg, cfg.data.eval_dir)
     check_profile(profile_steps, t, state)
@@ -628,7 +630,8 @@ def _announce(run: Run) -> None:
         info,
         f"pretrain phase {state.phase}: {cfg.model.preset} ({n_params:.1f}M params) on {info.world_size} x "
         f"{run.device} in {run.precision}; global batch {t.global_batch_size} = {t.micro_batch_size} x "
-        f"{info.world_size} ranks x {run.loader.accum} accumulation; {run.loader.kind} shards",
+        f"{info.world_size} ranks x {run.loader.accum} accumulation; {run.loader.kind} shards; step: "
+        f"{step_kind(t, cfg.optim)}",
     )
 
 
@@ -884,7 +887,7 @@ def run_pretrain(
     check_output_dir(cfg.train.output_dir, resume, overwrite)
     with Preemption() as preempt:
         run = setup(cfg, resume, json_summary, _save_hook, allow_changed, overwrite, profile_steps)
-        with dev.reproducible_compiled_step(run.device, cfg.train.compile):
+        with dev.reproducible_compiled_step(run.device, bool(run.cfg.train.compile)):
             return train(run, profile_steps, preempt)
 
 
