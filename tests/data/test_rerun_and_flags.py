@@ -53,6 +53,25 @@ def test_a_rerun_with_fewer_shards_removes_the_earlier_runs_extra_files(corpus, 
     assert "removed train_1.hdf5, train_2.hdf5" in capsys.readouterr().out
 
 
+def test_docs_refuse_an_out_dir_holding_document_files_of_someone_elses(tmp_path, capsys):
+    """`data docs --out` where the user keeps docs_N.txt files of their own: refused in one line before any
+    work, the files untouched; the same directory after our own run (its manifest lists them) re-runs."""
+    src, out = tmp_path / "src.txt", tmp_path / "mine"
+    src.write_text(TEXT + "\n", encoding="utf-8")
+    out.mkdir()
+    for i in (0, 1, 12):
+        (out / f"docs_{i}.txt").write_text(f"my own notes {i}\n", encoding="utf-8")
+    argv = ["data", "docs", "--source", str(src), "--out", str(out), "--shards", "2", "--min-doc-chars", "5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert one_line(err) and "holds docs_0.txt, docs_1.txt and 1 more, which no manifest.json" in err
+    assert [(out / f"docs_{i}.txt").read_text() for i in (0, 1, 12)] == [f"my own notes {i}\n" for i in (0, 1, 12)]
+    assert not (out / "manifest.json").exists()
+    (out / "docs_12.txt").unlink()
+    (out / "manifest.json").write_text(json.dumps({"files": ["docs_0.txt", "docs_1.txt"]}))  # as a run of ours
+    assert main(argv) == 0 and "Document 0 tells" in (out / "docs_0.txt").read_text()
+
+
 def test_readers_take_only_what_the_manifest_lists(corpus, tmp_path, capsys):
     docs, vocab = corpus
     (docs / "vocab.txt").write_text("[PAD]\n[UNK]\n", encoding="utf-8")  # `data vocab --out` the docs dir

@@ -17,6 +17,7 @@ import pytest
 from tests.helpers import one_line
 
 from bertforge.data import documents, wikidump
+from bertforge.errors import UserError
 
 SITEINFO = (
     '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" xml:lang="en">\n'
@@ -89,6 +90,30 @@ def test_plain_and_multistream_same_documents_and_counts(tmp_path):
     for leak in ("{{", "[[", "Datei", "thumb", "Notes", "'''", "Too short", "talk"):
         assert leak not in text
     assert not (tmp_path / "a" / "parts").exists()  # parts are removed once the shards are in place
+
+
+def test_an_index_of_another_dump_is_named_at_start(tmp_path):
+    """--index of another dump (its offsets are not this dump's streams) is one line naming the index at open,
+    not a 'corrupt dump' chunks into the run; one whose later offsets run past the dump, when chunking reaches
+    them; an index without offsets is refused too."""
+    _, multi = make_dumps(tmp_path, 70)
+    other = tmp_path / "other"
+    other.mkdir()
+    make_dumps(other, 400, per_stream=7)
+    index = other / "test-pages-articles-multistream-index.txt.bz2"
+    with pytest.raises(UserError) as e:
+        wikidump.open_dump(multi, index)
+    assert one_line(str(e.value)) and f"multistream index {index} does not fit dump {multi}: its offset" in str(e.value)
+    own = bz2.decompress((tmp_path / "test-pages-articles-multistream-index.txt.bz2").read_bytes()).decode()
+    past = tmp_path / "past-index.txt"
+    past.write_text(own + f"\n{multi.stat().st_size + 10}:999:Page far\n")  # the dump's streams, then one past its end
+    dump = wikidump.open_dump(multi, past)
+    with pytest.raises(UserError, match=f"its offset {multi.stat().st_size + 10} is not the start"):
+        list(wikidump.stream_chunks(dump, 3000))
+    empty = tmp_path / "empty-index.txt"
+    empty.write_text("not an index\n")
+    with pytest.raises(UserError, match="lists no streams"):
+        wikidump.open_dump(multi, empty)
 
 
 def test_progress_line():

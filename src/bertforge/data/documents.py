@@ -177,8 +177,28 @@ def _output_dir(out_dir: str | os.PathLike, num_shards: int) -> Path:
     out = writable_dir(out_dir, "--out")
     if num_shards < 1:
         raise UserError(f"--shards must be at least 1, got {num_shards}")
+    _check_foreign(out)
     remove_stale(out)  # temporary shards of a killed run (hidden, but `*.txt` globs would see them)
     return out
+
+
+_SHARD_NAME = re.compile(r"docs_\d+\.txt")
+
+
+def _check_foreign(out: Path) -> None:
+    """docs_N.txt files in `out` that its manifest.json does not list were not written by this command: a run
+    would replace them (or remove them as an earlier run's), so it is refused before any work."""
+    listed: set[str] = set()
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):  # no manifest, or not ours
+        listed = set(json.loads((out / "manifest.json").read_text(encoding="utf-8")).get("files", []))
+    foreign = [p.name for p in out.iterdir() if _SHARD_NAME.fullmatch(p.name) and p.name not in listed]
+    foreign.sort(key=lambda n: (len(n), n))
+    if foreign:
+        more = f" and {len(foreign) - 2} more" if len(foreign) > 2 else ""
+        raise UserError(
+            f"--out {out} holds {', '.join(foreign[:2])}{more}, which no manifest.json of `bertforge data` lists "
+            "(files of your own?): this run would replace them; choose an empty --out, or move them away"
+        )
 
 
 def _up_to_date(out: Path, settings: dict, log: Callable[[str], None]) -> dict | None:

@@ -16,6 +16,7 @@ same element layout, so no general XML parser is needed; entities are decoded.
 from __future__ import annotations
 
 import bz2
+import itertools
 import os
 import re
 from collections.abc import Iterator
@@ -63,7 +64,37 @@ def open_dump(path: str | os.PathLike, index: str | os.PathLike | None = None) -
         index = guess if guess != p and guess.is_file() else None
     if index is not None and not Path(index).is_file():
         raise UserError(f"multistream index {index} does not exist")
-    return Dump(p, compressed, Path(index) if index else None, p.stat().st_size)
+    dump = Dump(p, compressed, Path(index) if index else None, p.stat().st_size)
+    if dump.index is not None:
+        _check_index(dump)
+    return dump
+
+
+def _check_index(dump: Dump, streams: int = 3) -> None:
+    """The index's first offsets must start bz2 streams of this dump: another dump's index (another month's, or
+    another wiki's) would otherwise fail chunks into the run as if the dump were corrupt."""
+    assert dump.index is not None
+    try:
+        offsets = list(itertools.islice(_index_offsets(dump.index), streams))
+    except (OSError, EOFError) as e:
+        raise UserError(f"multistream index {dump.index} is corrupt or truncated ({e})") from e
+    if not offsets:
+        raise UserError(
+            f"multistream index {dump.index} lists no streams (offset:page_id:title lines); give the dump's own "
+            "index with --index"
+        )
+    with open(dump.path, "rb") as f:
+        for off in offsets:
+            f.seek(off)
+            if off >= dump.size or f.read(3) != b"BZh":
+                raise _not_its_index(dump, off)
+
+
+def _not_its_index(dump: Dump, offset: int) -> UserError:
+    return UserError(
+        f"multistream index {dump.index} does not fit dump {dump.path}: its offset {offset} is not the start of a "
+        f"bz2 stream in the dump's {dump.size} bytes; give the dump's own index with --index"
+    )
 
 
 def _unescape(s: str) -> str:
@@ -178,6 +209,8 @@ def stream_chunks(dump: Dump, chunk_bytes: int) -> Iterator[tuple[tuple[int, int
     try:
         start = prev = None
         for off in _index_offsets(dump.index):
+            if off >= dump.size:  # the first offsets were checked at open; the last may run past a shorter dump
+                raise _not_its_index(dump, off)
             if start is None:
                 start = off
             elif off - start >= chunk_bytes // 4:
