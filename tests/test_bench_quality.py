@@ -62,6 +62,8 @@ def test_update_rate_leaves_out_the_first_window():
         {"step": 50, "window_s": 2.0},
     ]
     assert quality.update_rate(rows) == 5.0  # median of 5, 4, 5 updates/s
+    assert quality.start_overhead(rows, 5.0) == 18.0  # 10 updates would take 2 s: the first window's other 18 s
+    assert quality.start_overhead(rows[2:], 5.0) == 0.0 and quality.start_overhead([], 5.0) == 0.0
 
 
 def test_equal_time_checks_common_eval_before_training(tmp_path):
@@ -105,6 +107,7 @@ def test_equal_time_trains_bert_and_modernbert_on_one_task(tmp_path, monkeypatch
         "modern": {"config": "modernbert_tiny_1024", "sets": ["model.max_position_embeddings=1024"]},
     }
     monkeypatch.setattr(quality, "update_rate", lambda rows: 3.0)  # 6 updates in the 2 s budget, however loaded
+    monkeypatch.setattr(quality, "start_overhead", lambda rows, rate: 0.0)
     same = {"dir": str(data / "eval_mlm"), "batch": 4, "batches": 2}
     r = quality.equal_time(
         str(tmp_path / "out"), runs, budget_s=2, eval_every=2, calib_steps=4, sets=common, common_eval=same

@@ -179,7 +179,7 @@ def test_auto_fast_paths_follow_the_measured_table():
     assert _resolved(False, packed=True, attention="sdpa") == (False, False, False)
     assert _resolved(True, packed=True) == (True, True, True)
     assert _resolved(True, attention="sdpa") == (True, True, True)
-    assert _resolved(True) == (True, False, True)  # unpacked rows unpadded to their own shapes
+    assert _resolved(True) == (True, False, True)  # unpacked rows: segment bounds of varying sizes
     assert _resolved(True, packed=True, attention="eager") == (True, False, True)
     assert _resolved(True, packed=True, fp8=True) == (True, False, True)
     assert _resolved(True, packed=True, compile=True, compile_scope="layers") == (True, False, True)
@@ -193,6 +193,8 @@ def test_auto_fast_paths_follow_the_measured_table():
 def test_auto_is_a_value_of_the_auto_switches_and_refused_elsewhere():
     cfg = C.load_config("pretrain", "demo_tiny_128", ["train.compile=true", "train.compile=auto", "optim.compile=auto"])
     assert cfg.train.compile is None and cfg.optim.compile is None
+    keys = {key: default for key, default, _ in C.describe(type(cfg))}
+    assert (keys["train.compile"], keys["train.cuda_graphs"], keys["optim.compile"]) == ("auto", "auto", "auto")
     with pytest.raises(ConfigError, match="train.tensorboard"):
         C.load_config("pretrain", "demo_tiny_128", ["train.tensorboard=auto"])
     with pytest.raises(ConfigError, match="set train.compile=true as well"):  # graphs asked for: compile too

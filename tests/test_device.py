@@ -98,3 +98,22 @@ def test_release_host_memory_returns_freed_heap_pages_to_the_os():
     assert dev.release_host_memory()
     assert before - rss() > 100e6
     assert last.sum() == 25_000
+
+
+def test_compile_on_cuda_needs_triton_and_a_gpu_it_builds_for(monkeypatch):
+    """auto compiles only where Triton builds kernels (one process, capability 7.0+: older GPUs fail at the
+    first step); asking for it explicitly there is one line at start-up, naming the setting."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(dev, "has_triton", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert dev.compiles_fast(cuda, distributed=False)
+    assert not dev.compiles_fast(cuda, distributed=True) and not dev.compiles_fast(torch.device("cpu"), False)
+    dev.check_compile_toolchain(cuda, ["train.compile"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (6, 1))  # a P100 or GTX 10xx
+    assert not dev.compiles_fast(cuda, distributed=False)
+    with pytest.raises(UserError, match=r"train.compile: .* capability 7.0 or newer, and this one is 6.1: set it"):
+        dev.check_compile_toolchain(cuda, ["train.compile"])
+    monkeypatch.setattr(dev, "has_triton", lambda: False)
+    assert not dev.compiles_fast(cuda, distributed=False)
+    with pytest.raises(UserError, match="needs Triton"):
+        dev.check_compile_toolchain(cuda, ["optim.compile"])

@@ -623,5 +623,6 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
                 default = f.default
             elif f.default_factory is not dataclasses.MISSING:
                 default = f.default_factory()
-            rows.append((prefix + f.name, repr(default), docs.get(f.name, "")))
+            shown = "auto" if default is None and tp is bool else repr(default)  # decided at start (resolve_auto)
+            rows.append((prefix + f.name, shown, docs.get(f.name, "")))
     return rows

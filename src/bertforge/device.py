@@ -148,10 +148,19 @@ def has_triton() -> bool:
     return True
 
 
+TRITON_MIN_CAPABILITY = (7, 0)
+"""The oldest CUDA compute capability inductor's Triton kernels build for (older GPUs fail at the first step)."""
+
+
 def compiles_fast(device: torch.device, distributed: bool) -> bool:
     """Whether a pre-training run's auto settings turn torch.compile on (`config.resolve_auto`): on one CUDA
-    device with Triton, where the H100 loop measured it win; multi-process runs were not measured."""
-    return device.type == "cuda" and not distributed and has_triton()
+    device that Triton builds for, where the H100 loop measured it win; multi-process runs were not measured."""
+    return (
+        device.type == "cuda"
+        and not distributed
+        and has_triton()
+        and torch.cuda.get_device_capability(device) >= TRITON_MIN_CAPABILITY
+    )
 
 
 def check_compile_toolchain(device: torch.device, keys: list[str]) -> None:
@@ -166,6 +175,11 @@ def check_compile_toolchain(device: torch.device, keys: list[str]) -> None:
     if device.type == "cuda":
         if not has_triton():
             raise UserError(f"{asked}: torch.compile on CUDA needs Triton (pip install triton); or set it false")
+        if (cap := torch.cuda.get_device_capability(device)) < TRITON_MIN_CAPABILITY:
+            raise UserError(
+                f"{asked}: torch.compile's Triton kernels need a GPU of compute capability "
+                f"{'.'.join(map(str, TRITON_MIN_CAPABILITY))} or newer, and this one is {cap[0]}.{cap[1]}: set it false"
+            )
     elif device.type == "cpu":
         try:
             from torch._inductor import cpp_builder

@@ -344,28 +344,32 @@ def test_cuda_graphs_need_the_compiled_step_and_a_cuda_device(shards, tmp_path):
         assert not (tmp_path / "a").exists()
 
 
-def test_auto_fast_paths_are_decided_at_start_and_recorded(shards, tmp_path, capsys, monkeypatch):
+def test_auto_fast_paths_are_decided_at_start_and_recorded(shards, tmp_path, capsys, monkeypatch, overrides):
     """The auto switches (train.compile, train.cuda_graphs, optim.compile) are made true or false before the
     first step, from the machine (`compiles_fast`) and the data: config.yaml records what ran, not auto, and
-    the start-up line says how the step runs. On the CPU the run is eager; with the gate open (as on one CUDA
-    device with Triton) the same config compiles, and an unpacked CPU run takes no CUDA graphs."""
+    the start-up line says how the step runs. On the CPU the run is eager. With the gate open (as on one CUDA
+    device that Triton builds for) the same config compiles the step and LAMB, without CUDA graphs on unpacked
+    rows; on packed rows it asks for CUDA graphs too, which this CPU refuses at start-up."""
     import yaml
 
     from bertforge import device as dev
 
+    def decided(run: Path) -> tuple[bool, bool, bool]:
+        saved = yaml.safe_load((run / "config.yaml").read_text())
+        return saved["train"]["compile"], saved["train"]["cuda_graphs"], saved["optim"]["compile"]
+
     run_pretrain(_cfg(shards, tmp_path / "cpu"))
-    saved = yaml.safe_load((tmp_path / "cpu" / "config.yaml").read_text())
-    assert (saved["train"]["compile"], saved["train"]["cuda_graphs"], saved["optim"]["compile"]) == (
-        False, False, False,
-    )  # fmt: skip
+    assert decided(tmp_path / "cpu") == (False, False, False)
     assert "; step: eager\n" in capsys.readouterr().out
     monkeypatch.setattr(dev, "compiles_fast", lambda device, distributed: True)
-    run_pretrain(_cfg(shards, tmp_path / "fast", **{"train.max_steps": 2, "train.attention": "eager"}))
-    saved = yaml.safe_load((tmp_path / "fast" / "config.yaml").read_text())
-    assert (saved["train"]["compile"], saved["train"]["cuda_graphs"], saved["optim"]["compile"]) == (
-        True, False, True,
-    )  # fmt: skip
+    run_pretrain(_cfg(shards, tmp_path / "fast", **{"train.max_steps": 2, "train.attention": "auto"}))
+    assert decided(tmp_path / "fast") == (True, False, True)
     assert "; step: compiled (model scope), LAMB compiled\n" in capsys.readouterr().out
+    packed = {"data.synthetic_seq_len": 64, "data.synthetic_vocab_size": 64, "data.synthetic_pack": 3}
+    cfg = load_config("pretrain", None, overrides("synthetic", tmp_path / "packed", **packed))
+    with pytest.raises(UserError, match="train.cuda_graphs needs a CUDA device; this run is on cpu"):
+        run_pretrain(cfg)
+    assert not (tmp_path / "packed").exists()
 
 
 def test_the_cpu_fast_paths_in_the_loop_track_eager_and_resume_exactly(shards, tmp_path):
