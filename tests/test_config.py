@@ -184,6 +184,7 @@ def test_auto_fast_paths_follow_the_measured_table():
     assert _resolved(True, packed=True, fp8=True) == (True, False, True)
     assert _resolved(True, packed=True, compile=True, compile_scope="layers") == (True, False, True)
     assert _resolved(True, packed=True, compile=False) == (False, False, True)
+    assert _resolved(True, packed=True, activation_checkpointing=True) == (False, False, True)
     assert _resolved(True, packed=True, cuda_graphs=False) == (True, False, True)
     assert _resolved(False, compile=True, cuda_graphs=True, attention="sdpa") == (True, True, False)
     t, o = C.resolve_auto(C.TrainConfig(), C.OptimConfig(name="adamw"), True, True)

@@ -289,13 +289,15 @@ _Optim = TypeVar("_Optim", bound=OptimConfig)
 def resolve_auto(train: _Train, optim: _Optim, fast: bool, packed: bool) -> tuple[_Train, _Optim]:
     """`train.compile`, `train.cuda_graphs` and `optim.compile` left at auto (None) made true or false for a
     run, before anything reads them: on where the H100 loop measured a win (docs/pretraining.md), which `fast`
-    says (pre-training on one CUDA device that can compile), off elsewhere; CUDA graphs only where every step
-    has the same shapes (`packed` rows, or padded rows under sdpa). What a user set stays as set."""
-    compile = fast if train.compile is None else train.compile
+    says (pre-training on one CUDA device that can compile), off elsewhere and for the model under activation
+    checkpointing; CUDA graphs only where every step has the same shapes (`packed` rows, or padded rows under
+    sdpa). What a user set stays as set."""
+    model_fast = fast and not train.activation_checkpointing  # recompute under compile: not measured on a GPU
+    compile = model_fast if train.compile is None else train.compile
     graphs = train.cuda_graphs
     if graphs is None:
         fixed = train.attention == "sdpa" or (train.attention == "auto" and packed)
-        graphs = fast and compile and fixed and train.compile_scope == "model" and not train.fp8
+        graphs = model_fast and compile and fixed and train.compile_scope == "model" and not train.fp8
     opt = fast and optim.name == "lamb" if optim.compile is None else optim.compile
     return dataclasses.replace(train, compile=compile, cuda_graphs=graphs), dataclasses.replace(optim, compile=opt)
 
