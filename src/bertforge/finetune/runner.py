@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import shutil
@@ -854,6 +855,9 @@ def _train_or_evaluate(s: Session) -> dict[str, Any]:
         return finish(s)
     finally:
         s.logger.close()
+        # DDP's reducer goes before its process group: freed after it, gloo can block the process at exit
+        s.step_fn = None
+        gc.collect()
         D.cleanup()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from bertforge.errors import UserError
@@ -104,6 +105,7 @@ def pretrain_run(args: argparse.Namespace) -> int:
             print(f"bertforge pretrain: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     finally:
+        gc.collect()  # the run's DDP reducer (in reference cycles) before its process group: gloo can hang after
         distributed.cleanup()
     if info.is_main:
         acc = summary.get("final_eval_mlm_acc", summary.get("final_mlm_acc"))
