@@ -309,9 +309,12 @@ def compile_mode(train: TrainConfig) -> bool | str:
 
 def step_kind(train: TrainConfig, optim: OptimConfig) -> str:
     """How the run's step executes, for its start-up line: "eager", or what is compiled and captured."""
-    parts = [f"compiled ({train.compile_scope} scope)" if train.compile else "eager"]
-    parts += ["CUDA graphs"] * bool(train.cuda_graphs) + ["LAMB compiled"] * bool(optim.compile)
-    return ", ".join(parts)
+    parts = [
+        f"compiled ({train.compile_scope} scope)" if train.compile else "eager",
+        "CUDA graphs" if train.cuda_graphs else "",
+        "LAMB compiled" if optim.compile else "",
+    ]
+    return ", ".join(p for p in parts if p)
 
 
 def compile_notice(train: TrainConfig) -> str | None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
+from bertforge.data.documents import listed_files
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.data.vocab import document_lines
 from bertforge.data.workers import WorkerPool, quiet_worker
@@ -72,11 +73,8 @@ def document_files(docs: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
 def _listed_documents(directory: Path) -> list[Path] | None:
     """The document files that the manifest.json of `data docs`/`data wiki` lists, None without one: other
     .txt files there (a vocab.txt, files of another run) are not documents."""
-    try:
-        listed = json.loads((directory / "manifest.json").read_text(encoding="utf-8")).get("files")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+    listed = listed_files(directory)
+    if listed is None:
         return None
     missing = [n for n in listed if not (directory / n).is_file()]
     if missing:

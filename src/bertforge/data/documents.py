@@ -185,12 +185,22 @@ def _output_dir(out_dir: str | os.PathLike, num_shards: int) -> Path:
 _SHARD_NAME = re.compile(r"docs_\d+\.txt")
 
 
+def listed_files(directory: Path) -> list[str] | None:
+    """The document file names that the manifest.json of `data docs`/`data wiki` in `directory` lists; None
+    without one (or with a manifest that is not ours)."""
+    try:
+        listed = json.loads((directory / "manifest.json").read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+        return None
+    return listed
+
+
 def _check_foreign(out: Path) -> None:
     """docs_N.txt files in `out` that its manifest.json does not list were not written by this command: a run
     would replace them (or remove them as an earlier run's), so it is refused before any work."""
-    listed: set[str] = set()
-    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):  # no manifest, or not ours
-        listed = set(json.loads((out / "manifest.json").read_text(encoding="utf-8")).get("files", []))
+    listed = set(listed_files(out) or [])
     foreign = [p.name for p in out.iterdir() if _SHARD_NAME.fullmatch(p.name) and p.name not in listed]
     foreign.sort(key=lambda n: (len(n), n))
     if foreign:

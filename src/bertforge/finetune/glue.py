@@ -19,6 +19,7 @@ import numpy as np
 
 from bertforge.errors import UserError
 from bertforge.finetune.metrics import GLUE_METRICS
+from bertforge.runtime.io import read_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,15 +125,8 @@ def read_tsv(path: str | Path, spec: TaskSpec) -> GlueExamples:
 def _read_lines(path: Path, spec: TaskSpec) -> list[str]:
     """The file's lines (a UTF-8 byte-order mark dropped: MRPC has one); a path that is not a readable UTF-8
     file is a UserError naming it (and, for bad bytes, the line and byte)."""
-    where = f"point --train-file/--dev-file at glue_data/{spec.dir}/*.tsv"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"GLUE file {path} does not exist; {where}") from None
-    except IsADirectoryError:
-        raise UserError(f"GLUE file {path} is a directory, not a TSV file; {where}") from None
-    except OSError as e:
-        raise UserError(f"GLUE file {path} cannot be read ({e.strerror}); {where}") from None
+    fix = f"point --train-file/--dev-file at glue_data/{spec.dir}/*.tsv"
+    data = read_input(path, "GLUE file", fix, not_a=", not a TSV file")
     try:
         return data.decode("utf-8-sig").split("\n")
     except UnicodeDecodeError as e:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import write_text
+from bertforge.runtime.io import read_input, write_text
 
 
 @dataclasses.dataclass
@@ -58,14 +58,9 @@ def read_squad(
     as the official scripts read every question's.
     """
     path = Path(path)
+    data = read_input(path, "SQuAD file", "give the SQuAD JSON file (e.g. train-v1.1.json)")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"SQuAD file {path} does not exist") from None
-    except IsADirectoryError:
-        raise UserError(f"SQuAD file {path} is a directory; give the SQuAD JSON file (e.g. train-v1.1.json)") from None
-    except OSError as e:
-        raise UserError(f"SQuAD file {path} cannot be read ({e.strerror})") from None
+        raw = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"SQuAD file {path} is not valid JSON: {e}") from None
     data = _field(raw, "data", list, path, "the top level")

@@ -221,6 +221,19 @@ def writable_dir(path: str | os.PathLike, option: str = "path") -> Path:
     return d
 
 
+def read_input(path: Path, what: str, fix: str, not_a: str = "") -> bytes:
+    """The bytes of input file `path`; missing, a directory or unreadable, it is one line naming it as `what`,
+    with `fix` (and `not_a`, what a directory there is not: ", not a TSV file")."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{what} {path} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path} is a directory{not_a}; {fix}") from None
+    except OSError as e:
+        raise UserError(f"{what} {path} cannot be read ({e.strerror}); {fix}") from None
+
+
 def writable_file(path: str | os.PathLike, option: str) -> Path:
     """`path` can be written as a file (`writable_dir` of its directory, and not a directory itself); a one-line
     UserError naming `option` otherwise."""
