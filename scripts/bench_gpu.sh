@@ -36,9 +36,9 @@
 # quality_<side>.tgz.NN (15 MiB parts: a call brings back files of at most 16 MiB), which an EARLIER_DIR
 # restores, and `cat DIR/quality_<side>.tgz.* | tar xzf -` restores anywhere (benchmarks/quality_budget_gpu_glue.yml).
 #
-# The lent machine has no network: FP8 needs torchao's wheel in .whl/ (installed into /tmp/site when torchao
-# is missing), and ../shared does not travel: copy the corpus's .xz files to .carry/corpus (and, for GLUE,
-# ../shared/data/glue_data to .carry/glue_data) and carry .carry.
+# The lent machine has no network and its image lacks blingfire and torchao: `scripts/gpu_carry.sh` assembles
+# .carry (the corpus's .xz files, ../shared/data/glue_data, the sentence splitter's library) and .whl (torchao's
+# wheel, installed into /tmp/site when torchao is missing); carry both.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: scripts/bench_gpu.sh OUT_DIR SECONDS [EARLIER_DIR] [STEP ...]"
@@ -60,6 +60,10 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 if ! python3 -c "import torchao" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+if ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('blingfire') is None)" 2>/dev/null &&
+  [ -d .carry/site/blingfire ]; then  # the `data` step's sentence splitter
+  export PYTHONPATH="$PYTHONPATH:$PWD/.carry/site"
 fi
 if [ ! -e ../shared/data/glue_data ] && [ -d .carry/glue_data ]; then  # where the specs look for it
   mkdir -p ../shared/data && ln -s "$PWD/.carry/glue_data" ../shared/data/glue_data

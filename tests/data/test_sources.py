@@ -274,3 +274,22 @@ def test_compressed_text_reads_like_plain(tmp_path, suffix):
     cut.write_bytes(packed.read_bytes()[: len(packed.read_bytes()) // 2])
     with pytest.raises(UserError, match="not a complete"):
         list(sources.iter_source(str(cut)))
+
+
+def test_missing_sentence_splitter_is_one_error_before_any_worker(tmp_path, monkeypatch):
+    """An environment without blingfire (the GPU image had none) stops `data docs` at start-up with one line
+    saying what to install, where it used to end in a worker's traceback after the pool started."""
+    import importlib.util
+
+    from bertforge.data import documents
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "blingfire" else real(name, *a))
+    documents._splitter.cache_clear()
+    monkeypatch.setattr(documents, "bounded_map", lambda *a: pytest.fail("workers started"))
+    (tmp_path / "a.txt").write_text("One sentence here. Another one there.\n")
+    try:
+        with pytest.raises(UserError, match="blingfire.*pip install blingfire"):
+            run_docs(str(tmp_path / "a.txt"), tmp_path / "o", workers=2, log=lambda *a: None)
+    finally:
+        documents._splitter.cache_clear()

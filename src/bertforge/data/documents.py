@@ -68,8 +68,13 @@ class _Sentences:
         import importlib.util
 
         spec = importlib.util.find_spec("blingfire")
-        lib = Path(next(iter(spec.submodule_search_locations or []), "")) / "libblingfiretokdll.so" if spec else None
-        if lib is not None and lib.is_file():  # the library alone: `import blingfire` also imports numpy (60 ms)
+        if spec is None:  # a broken install: say so once, before any worker starts (not a worker's traceback)
+            raise UserError(
+                "the sentence splitter needs blingfire, a bertforge dependency not installed here: "
+                "pip install blingfire"
+            )
+        lib = Path(next(iter(spec.submodule_search_locations or []), "")) / "libblingfiretokdll.so"
+        if lib.is_file():  # the library alone: `import blingfire` also imports numpy (60 ms)
             self.fn = ctypes.CDLL(str(lib)).TextToSentences
         else:  # other platforms' library names: let the package find it
             import blingfire
@@ -268,6 +273,7 @@ def write_documents(
     if old is not None:
         return old
     counts = {"documents": 0, "sentences": 0, "chars": 0, "dropped_short": 0, "raw_documents": 0}
+    _splitter()  # Bling Fire loaded once here, shared by the forked workers
     t0 = last = time.perf_counter()
     with ShardWriter(out, num_shards) as writer:
         for sents_batch in bounded_map(
