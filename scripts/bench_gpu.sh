@@ -20,8 +20,9 @@
 #   tests    the CUDA tests: compiled step, CUDA graphs (with accumulation, and layer by layer), bf16 LayerNorm,
 #            compiled LAMB, FP8, step parts, pinned loaders, varlen (attention dropout in the kernel, the
 #            segmented layout)
-#   profile  `bertforge pretrain --profile 10`, BERT-large and -base phase 1 compiled: top kernels and the
-#            step's parts (forward, backward, clip, optimizer, between) into the log
+#   profile  `bertforge pretrain --profile 10` of the best_* configurations (BERT-large phase 1 and 2, BERT-base
+#            phase 1; CUDA graphs off): top kernels and the step's parts (forward, backward, clip, optimizer,
+#            between) into the log
 #   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, the segmented layout,
 #            compiled LAMB, CUDA graphs) and the entries they are compared with
 #   long     benchmarks/modernbert_long_gpu.yml   issue 22: ModernBERT-base tokens/s at 8,192 and 1,024 (measured
@@ -96,15 +97,19 @@ bench() {  # bench SPEC[:A,B]: run what its report in OUT_DIR lacks (of the entr
   python3 -m bertforge bench --spec "$spec" --json "$out/$spec.json" --resume --stop-after "$(left)" "${only[@]}"
 }
 
-profile() {  # profile CONFIG MICRO_BATCH: 10 profiled steps of the compiled bf16 loop on the synthetic source
-  local dir=/tmp/bertforge-profile-$1
+profile() {  # profile CONFIG SEQ_LEN MAX_PRED MICRO_BATCH: 10 profiled steps of a best_* configuration (packed K=3
+  # synthetic rows, compiled around the flash kernel, compiled LAMB, bf16 LayerNorms) without CUDA graphs, whose
+  # replays would hide the kernels that the profile is for
+  local dir=/tmp/bertforge-profile-$1-$4
   [ "$(left)" -gt 0 ] || { echo "profile $1: not started, ${margin}s or less left"; return; }  # timeout 0 = none
   rm -rf "$dir"
   timeout "$(left)" python3 -m bertforge pretrain --config "$1" --profile 10 \
     --set train.output_dir="$dir" --set data.input_dir=synthetic --set data.eval_dir=null \
-    --set train.max_steps=16 --set train.micro_batch_size="$2" --set train.global_batch_size="$2" \
+    --set data.synthetic_seq_len="$2" --set data.synthetic_max_pred="$3" --set data.synthetic_pack=3 \
+    --set train.max_steps=16 --set train.micro_batch_size="$4" --set train.global_batch_size="$4" \
     --set train.log_every=5 --set train.save_every=0 --set train.tensorboard=false --set train.plot=false \
-    --set train.compile=true --set train.attention=sdpa --set train.precision=bf16 \
+    --set train.compile=true --set train.cuda_graphs=false --set optim.compile=true --set train.attention=auto \
+    --set train.low_precision_layernorm=true --set train.precision=bf16 \
     --set train.init_checkpoint=null --set model.init_from=null
 }
 
@@ -128,8 +133,9 @@ for step in "${steps[@]}"; do
     long) bench modernbert_long_gpu ;;
     profile)
       if python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-        profile pretrain_large_128 256
-        profile pretrain_base_128 256
+        profile pretrain_large_128 128 20 256
+        profile pretrain_base_128 128 20 512
+        profile pretrain_large_512 512 80 64
       else
         echo "profile: no CUDA device here (BERT-large on the CPU would take hours)"
       fi
