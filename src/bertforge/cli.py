@@ -23,7 +23,7 @@ from bertforge.data import cli as data_cli
 from bertforge.data import pack_cli
 from bertforge.errors import UserError
 from bertforge.finetune import cli as finetune_cli
-from bertforge.runtime.signals import Terminated
+from bertforge.runtime.signals import Terminated, interrupts_kept
 from bertforge.serve import cli as serve_cli
 from bertforge.train import cli as train_cli
 
@@ -137,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args._run(args) or 0)
+        with interrupts_kept():  # Ctrl-C in a destructor (h5py's) stops the command too
+            return int(args._run(args) or 0)
     except UserError as e:
         print(f"bertforge {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -305,3 +305,16 @@ def test_shards_left_empty_by_a_tiny_corpus_are_named_with_the_fix(setup, tmp_pa
     lines.clear()
     run_shards(docs, vocab, tmp_path / "full", _params(), log=lines.append)
     assert not [x for x in lines if "warning" in x]
+
+
+def test_document_files_skip_temporary_files_folders_and_the_manifest(tmp_path):
+    """A killed first `data docs` leaves hidden `.docs_N.tmp-PID.txt` files and no manifest: they were read as
+    the corpus. `--docs 'dir/*'` hit sub-folders (IsADirectoryError) and the manifest (a JSON "document")."""
+    from bertforge.data.build import document_files
+
+    (tmp_path / "docs_0.txt").write_text("a\n")
+    (tmp_path / ".docs_1.tmp-123.txt").write_text("half written\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "manifest.json").write_text("{}")
+    assert [p.name for p in document_files(tmp_path)] == ["docs_0.txt"]
+    assert [p.name for p in document_files(str(tmp_path / "*"))] == ["docs_0.txt"]

@@ -91,6 +91,23 @@ def test_cli_inspect_json_and_plot(tmp_path, capsys):
     assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["data", "inspect", str(tmp_path / "missing.hdf5")]) == 2
     assert "missing.hdf5" in capsys.readouterr().err
+    # a re-run over its own PNG is fine
+    assert main(["data", "inspect", str(tmp_path / "s.hdf5"), "--plot", str(tmp_path / "h.png")]) == 0
+    capsys.readouterr()
+
+
+def test_inspect_plot_never_writes_over_a_shard(tmp_path, capsys):
+    """`data inspect --plot s/*.hdf5`: the shell makes the first shard the plot's target. It used to be
+    overwritten by the PNG; now any non-.png name, and any existing file that is not a PNG, is refused first."""
+    _nvidia_shard(tmp_path / "a.hdf5")
+    _nvidia_shard(tmp_path / "b.hdf5")
+    before = (tmp_path / "a.hdf5").read_bytes()
+    assert main(["data", "inspect", "--plot", str(tmp_path / "a.hdf5"), str(tmp_path / "b.hdf5")]) == 2
+    assert "ending in .png" in capsys.readouterr().err
+    (tmp_path / "x.png").write_bytes(b"not an image")
+    assert main(["data", "inspect", str(tmp_path / "b.hdf5"), "--plot", str(tmp_path / "x.png")]) == 2
+    assert "is not a PNG" in capsys.readouterr().err
+    assert (tmp_path / "a.hdf5").read_bytes() == before and (tmp_path / "x.png").read_bytes() == b"not an image"
 
 
 def test_cli_chain_and_prepare(tmp_path, tiny_corpus, capsys):

@@ -316,6 +316,7 @@ def test_pack_refuses_dynamic_and_packed_inputs(tmp_path):
         ({"shards": -2}, "--shards"),
         ({"buffer_mb": -1}, "--buffer-mb"),
         ({"max_per_pack": 0}, "--max-per-pack"),
+        ({"seed": -1}, "--seed"),
     ],
 )
 def test_pack_refuses_sizes_below_one_before_writing(tmp_path, change, flag):

@@ -135,3 +135,55 @@ def test_more_shards_than_open_files_allow_is_refused_at_start(corpus, tmp_path,
     assert main(_shards(docs, vocab, tmp_path / "s", "--shards", str(soft))) == 2
     one_line(capsys.readouterr().err, f"{soft} shards need {soft} files open at once", "ulimit -n")
     assert json.loads((docs / "manifest.json").read_text())["files"]  # the documents untouched
+
+
+def test_out_dirs_holding_other_steps_or_your_own_files_are_refused_and_kept(corpus, tmp_path, capsys):
+    """`data shards` deleted a user's train_5.hdf5 "as an earlier run's", replaced a docs or train manifest when
+    pointed at their folders, and `data docs`/`pack` wrote over shards' folders (a reader then saw mixed kinds):
+    each is now refused in one line before any work, and what was there is kept."""
+    import h5py
+
+    docs, vocab = corpus
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with h5py.File(mine / "train_5.hdf5", "w") as f:
+        f["x"] = [1]
+    assert main(_shards(docs, vocab, mine, "--shards", "2")) == 2
+    one_line(capsys.readouterr().err, "holds train_5.hdf5, which `data shards` did not write")
+    assert sorted(p.name for p in mine.iterdir()) == ["train_5.hdf5"]
+
+    out = tmp_path / "s"
+    assert main(_shards(docs, vocab, out, "--shards", "1")) == 0
+    docs_before = {p.name: p.read_bytes() for p in docs.iterdir()}
+    src = tmp_path / "src.txt"
+    attempts = [
+        (_shards(docs, vocab, tmp_path / "s2", "--eval-out", str(out), "--eval-fraction", "0.2"), "for eval"),
+        (_shards(docs, vocab, out, "--shards", "1", "--dupe-factor", "2"), None),  # its own folder: a re-run
+        (["data", "docs", "--source", str(src), "--out", str(out), "--min-doc-chars", "5"], "data docs` did not"),
+        (["pack", "--in", str(out), "--out", str(mine)], "holds train_5.hdf5 of unpacked shards"),
+    ]
+    for argv, message in attempts:
+        if message is None:
+            assert main(argv) == 0
+            continue
+        assert main(argv) == 2, argv
+        one_line(capsys.readouterr().err, message)
+    capsys.readouterr()
+    assert {p.name: p.read_bytes() for p in docs.iterdir()} == docs_before
+    other = tmp_path / "docs2"
+    assert main(["data", "docs", "--source", str(src), "--out", str(other), "--min-doc-chars", "5"]) == 0
+    assert main(_shards(docs, vocab, other, "--shards", "1")) == 2
+    one_line(capsys.readouterr().err, "did not write for train shards")
+
+
+def test_cased_rerun_rebuilds_the_shards(corpus, tmp_path, capsys):
+    """--cased was not part of the shards' parameter hash: a re-run kept the uncased shards as finished."""
+    docs, vocab = corpus
+    out = tmp_path / "s"
+    assert main(_shards(docs, vocab, out, "--shards", "1")) == 0
+    assert main(_shards(docs, vocab, out, "--shards", "1")) == 0
+    assert "kept" in capsys.readouterr().out
+    assert main(_shards(docs, vocab, out, "--shards", "1", "--cased")) == 0
+    assert "kept" not in capsys.readouterr().out
+    assert main(_shards(docs, vocab, out, "--shards", "1", "--cased")) == 0
+    assert "kept" in capsys.readouterr().out  # and kept as the cased run's

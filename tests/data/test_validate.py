@@ -219,6 +219,37 @@ def test_a_failed_prepare_and_docs_leave_no_directory(tmp_path, capsys):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("vocab.vocab_file=/nonexistent/vocab.txt", "vocab.vocab_file /nonexistent/vocab.txt does not exist"),
+        ("shards_subdir=docs", "shards_subdir (docs) is the docs directory"),
+        ("shards.seq_len=4", "seq_len"),
+    ],
+)
+def test_prepare_refuses_what_later_steps_would_before_the_documents_step(tmp_path, capsys, setting, message):
+    """These were refused only after the documents (and vocab) step: hours of work on a Wikipedia dump."""
+    src = tmp_path / "src.txt"
+    src.write_text("One sentence of text that is long enough for a document here.\n" * 20)
+    out = tmp_path / "prep"
+    argv = ["data", "prepare", "--set", f"output_dir={out}", "--set", f"docs.source={src}", "--set", setting]
+    assert main(argv) == 2
+    one_line(capsys.readouterr().err, message)
+    assert not out.exists()
+
+
+def test_prepare_retrains_the_vocab_when_the_corpus_changes(tmp_path, tiny_corpus, capsys):
+    """The vocab was kept ("trained with these settings") after the documents were rebuilt from another corpus."""
+    out = tmp_path / "prep"
+    other = tmp_path / "other.txt"
+    other.write_text(tiny_corpus.read_text().replace("document", "chapter"))
+    sets = ["vocab.vocab_size=120", "shards.dupe_factor=1", "shards.eval_fraction=0", "shards.num_shards=1"]
+    for source, kept in ((tiny_corpus, False), (tiny_corpus, True), (other, False)):
+        argv = ["data", "prepare", "--set", f"output_dir={out}", "--set", f"docs.source={source}"]
+        assert main([*argv, *(x for s in sets for x in ("--set", s))]) == 0
+        assert ("trained with these settings" in capsys.readouterr().out) is kept
+
+
 def test_a_rerun_of_pack_removes_a_killed_runs_temporary_shard(built, tmp_path, capsys):
     out = tmp_path / "packed"
     out.mkdir()

@@ -39,7 +39,14 @@ from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.data.vocab import document_lines
 from bertforge.data.workers import WorkerPool, quiet_worker
 from bertforge.errors import UserError
-from bertforge.runtime.io import output_dir, raise_if_disk_full, remove_earlier, remove_stale, temp_name
+from bertforge.runtime.io import (
+    check_open_files,
+    output_dir,
+    raise_if_disk_full,
+    remove_earlier,
+    remove_stale,
+    temp_name,
+)
 from bertforge.runtime.progress import Progress
 
 BLOCK_ROWS = 4096
@@ -57,14 +64,17 @@ def document_files(docs: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     for item in items:
         p = Path(item)
         if p.is_dir():
-            files += _listed_documents(p) or sorted(p.glob("*.txt"), key=natural_key)
+            # hidden names are temporary files of a killed `data docs` (pathlib's glob matches them)
+            unlisted = (f for f in p.glob("*.txt") if not f.name.startswith("."))
+            files += _listed_documents(p) or sorted(unlisted, key=natural_key)
         elif p.is_file():
             files.append(p)
         else:
             hits = sorted(glob.glob(str(item)))
             if not hits:
                 raise UserError(f"documents {item} not found (a directory of .txt files, a file or a glob)")
-            files += [Path(h) for h in hits]
+            # `--docs 'dir/*'`: sub-folders and the docs manifest are not documents
+            files += [Path(h) for h in hits if Path(h).is_file() and Path(h).name != "manifest.json"]
     if not files:
         raise UserError(f"no document files (*.txt) in {docs}; run `bertforge data docs` or `data wiki` first")
     return files
@@ -378,8 +388,11 @@ def _entry(out: Path, job: Job, docs: int, tokens: int, skipped: bool = False, s
 
 
 # ------------------------------------------------------------------------------------------- the driver
-def params_hash(params: ShardsConfig, vocab_sha: str, docs_sig: str) -> str:
-    blob = json.dumps({"params": params.content(), "vocab": vocab_sha, "docs": docs_sig}, sort_keys=True)
+def params_hash(params: ShardsConfig, vocab_sha: str, docs_sig: str, lowercase: bool | None = None) -> str:
+    what: dict[str, Any] = {"params": params.content(), "vocab": vocab_sha, "docs": docs_sig}
+    if lowercase is not None:  # --cased/--uncased over the vocab's own casing (None: the vocab's; hashes unchanged)
+        what["lowercase"] = lowercase
+    blob = json.dumps(what, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -388,7 +401,7 @@ def _docs_signature(files: Sequence[Path]) -> str:
     `data prepare` run again from scratch (new document files, same text) must write the same bytes."""
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.name}:{shardio.file_sha256(f)}\n".encode())
+        h.update(f"{f.name}:{shardio.file_sha256(f)}\n".encode("utf-8", "surrogateescape"))  # any file name
     return h.hexdigest()[:16]
 
 
@@ -408,7 +421,10 @@ def run_shards(
     out = Path(out_dir)
     ev = Path(eval_dir) if eval_dir is not None and params.eval_fraction > 0 else None
     _check_apart(files, out, ev)
-    _check_open_files(params.num_shards + (params.eval_shards if ev is not None else 0))
+    for d, option, split in ((out, "--out", "train"), (ev, "--eval-out", "eval")):
+        if d is not None:
+            _check_own(d, option, split)
+    check_open_files(params.num_shards + (params.eval_shards if ev is not None else 0))
     with contextlib.ExitStack() as stack:
         for d, option in ((out, "--out"), (ev, "--eval-out")):
             if d is not None:
@@ -416,21 +432,6 @@ def run_shards(
                 stack.enter_context(output_dir(d, option))
                 remove_stale(d)  # the spill and half-written shards of a killed run
         return _run_shards(files, vocab, out, ev, params, lowercase, log)
-
-
-def _check_open_files(n: int) -> None:
-    """The spill step keeps one file open per output shard: more than the process may open is refused now, not
-    an OSError (EMFILE) after the documents were assigned."""
-    try:
-        import resource
-    except ImportError:  # not on Unix: no limit to read
-        return
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft != resource.RLIM_INFINITY and n + 64 > soft:
-        raise UserError(
-            f"{n} shards need {n} files open at once and this process may open {soft} (`ulimit -n`): use fewer "
-            "--shards/--eval-shards, or raise the limit"
-        )
 
 
 def _check_apart(files: Sequence[Path], out: Path, ev: Path | None) -> None:
@@ -442,6 +443,37 @@ def _check_apart(files: Sequence[Path], out: Path, ev: Path | None) -> None:
     for d, option in ((out, "--out"), (ev, "--eval-out")):
         if d is not None and d.resolve() in homes:
             raise UserError(f"{option} {d} holds the documents (--docs): write the shards to another directory")
+
+
+def _check_own(d: Path, option: str, split: str) -> None:
+    """--out/--eval-out may hold only what `data shards` wrote there for the same split: another command's
+    manifest.json (documents, the other split) would be replaced, and .hdf5 files no bertforge run wrote would
+    be overwritten or deleted as an earlier run's; refused before any work."""
+    if not d.is_dir():
+        return
+    manifest = d / "manifest.json"
+    if manifest.is_file():
+        try:
+            old = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            old = None
+        if not isinstance(old, dict) or old.get("split") != split or "params_hash" not in old:
+            raise UserError(
+                f"{option} {d} holds a manifest.json that `data shards` did not write for {split} shards "
+                "(documents, held-out shards, or another tool's): choose an empty directory"
+            )
+    for f in sorted(d.glob("*.hdf5")):
+        if f.name.startswith("."):  # a killed run's temporary shard: removed before this run writes
+            continue
+        try:
+            ours = f.name.startswith(f"{split}_") and "bertforge_params" in read_attrs(f)
+        except UserError:  # unreadable: not a shard this command finished
+            ours = False
+        if not ours:
+            raise UserError(
+                f"{option} {d} holds {f.name}, which `data shards` did not write there for {split} shards (files "
+                "of your own, or of another step?): choose an empty directory, or move them away"
+            )
 
 
 def _run_shards(
@@ -460,7 +492,7 @@ def _run_shards(
         "tokenizer_model": tokenizer_model(tok),
     }
     del tok
-    phash = params_hash(params, vocab_sha256, _docs_signature(files))
+    phash = params_hash(params, vocab_sha256, _docs_signature(files), lowercase)
 
     t0 = time.perf_counter()
     # hidden `.spill.tmp-PID`: the next run's remove_stale deletes it when this one is killed

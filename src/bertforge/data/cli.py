@@ -269,7 +269,8 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
     t0 = time.perf_counter()
     docs_dir, vocab_dir = root / "docs", root / "vocab"
     shards_dir, eval_dir = root / cfg.shards_subdir, root / cfg.eval_subdir
-    run_docs(
+    _check_prepare(cfg, root)
+    documents = run_docs(
         cfg.docs.source,
         docs_dir,
         cfg.docs.num_shards,
@@ -280,6 +281,7 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
     )
     v = cfg.vocab
     trained_with = {k: getattr(v, k) for k in ("model", "vocab_size", "lowercase", "unused_tokens", "min_frequency")}
+    trained_with["documents"] = documents.get("settings")  # another corpus retrains the vocab too
     if v.vocab_file:
         run_vocab(None, vocab_dir, lowercase=v.lowercase, from_vocab=v.vocab_file, log=log)
     elif _vocab_done(vocab_dir, v.model) and _trained_with(vocab_dir) in (None, trained_with):
@@ -311,6 +313,23 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
         + (f", {eval_dir}" if s.eval_fraction > 0 else "")
     )
     return result
+
+
+def _check_prepare(cfg: Any, root: Path) -> None:
+    """What the later steps would refuse, refused before the documents step (hours on a Wikipedia dump)."""
+    cfg.shards.validate()
+    if cfg.vocab.vocab_file and not Path(cfg.vocab.vocab_file).exists():
+        raise UserError(f"vocab.vocab_file {cfg.vocab.vocab_file} does not exist; fix it, or leave it empty")
+    places = {"docs": "docs", "vocab": "vocab", "shards_subdir": cfg.shards_subdir}
+    if cfg.shards.eval_fraction > 0:
+        places["eval_subdir"] = cfg.eval_subdir
+    seen: dict[Path, str] = {}
+    for key, sub in places.items():
+        where = (root / sub).resolve()
+        if where in seen or where == root.resolve():
+            other = seen.get(where, "output_dir")
+            raise UserError(f"{key} ({sub}) is the {other} directory of this prepare: give each step its own")
+        seen[where] = key
 
 
 TRAINED_WITH = "trained_with.json"

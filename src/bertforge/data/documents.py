@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
+import itertools
 import json
 import os
 import re
@@ -35,6 +37,7 @@ from bertforge.data import sources, wikiclean, wikidump
 from bertforge.data.workers import bounded_map
 from bertforge.errors import UserError
 from bertforge.runtime.io import (
+    check_open_files,
     commit,
     raise_if_disk_full,
     remove_earlier,
@@ -178,16 +181,40 @@ class ShardWriter:
             raise_if_disk_full(exc, self.out)
 
 
-def _output_dir(out_dir: str | os.PathLike, num_shards: int) -> Path:
-    out = writable_dir(out_dir, "--out")
+def _output_dir(out_dir: str | os.PathLike, num_shards: int, source: str = "") -> Path:
     if num_shards < 1:
         raise UserError(f"--shards must be at least 1, got {num_shards}")
+    check_open_files(num_shards)  # one file open per shard while documents are written
+    _check_outside(Path(out_dir), source)
+    out = writable_dir(out_dir, "--out")
     _check_foreign(out)
     remove_stale(out)  # temporary shards of a killed run (hidden, but `*.txt` globs would see them)
     return out
 
 
 _SHARD_NAME = re.compile(r"docs_\d+\.txt")
+
+
+def _check_outside(out: Path, source: str) -> None:
+    """--out where --source would find its documents on the next run (inside the directory it reads, holding
+    files its glob matches, or under a recursive glob's folder): each re-run would add the last one's documents
+    and manifest to the corpus again."""
+    if not source or source.startswith(("hf:", "builtin:")):
+        return
+    here, src = out.resolve(), Path(source)
+    if src.is_dir():
+        inside = here == src.resolve() or src.resolve() in here.parents
+    elif src.is_file():  # reads only that file, whatever --out holds beside it
+        inside = False
+    else:  # a glob
+        hits = [h.resolve() for h in sources.local_files(source) if h.is_file()]
+        base = Path(*itertools.takewhile(lambda part: not glob.has_magic(part), src.parts)).resolve()
+        inside = any(here in h.parents for h in hits) or ("**" in source and (here == base or base in here.parents))
+    if inside:
+        raise UserError(
+            f"--out {out} is inside what --source {source} reads: the next run would read these documents as its "
+            "corpus; choose an --out outside it"
+        )
 
 
 def listed_files(directory: Path) -> list[str] | None:
@@ -205,6 +232,10 @@ def listed_files(directory: Path) -> list[str] | None:
 def _check_foreign(out: Path) -> None:
     """docs_N.txt files in `out` that its manifest.json does not list were not written by this command: a run
     would replace them (or remove them as an earlier run's), so it is refused before any work."""
+    if (out / "manifest.json").is_file() and listed_files(out) is None:  # shards' (or another tool's) manifest
+        raise UserError(
+            f"--out {out} holds a manifest.json that `data docs` did not write (shards?): choose an empty --out"
+        )
     listed = set(listed_files(out) or [])
     foreign = [p.name for p in out.iterdir() if _SHARD_NAME.fullmatch(p.name) and p.name not in listed]
     foreign.sort(key=lambda n: (len(n), n))
@@ -216,7 +247,7 @@ def _check_foreign(out: Path) -> None:
         )
 
 
-def _up_to_date(out: Path, settings: dict, log: Callable[[str], None]) -> dict | None:
+def _up_to_date(out: Path, settings: dict, log: Callable[[str], None], command: str = "data docs") -> dict | None:
     """The manifest of an earlier run with the same settings whose files are all there, else None."""
     manifest_path = out / "manifest.json"
     if not manifest_path.is_file():
@@ -226,7 +257,7 @@ def _up_to_date(out: Path, settings: dict, log: Callable[[str], None]) -> dict |
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     if old.get("settings") == settings and all((out / f).is_file() for f in old.get("files", [])):
-        log(f"data docs: {out} is up to date ({old.get('documents')} documents); delete it to rebuild")
+        log(f"{command}: {out} is up to date ({old.get('documents')} documents); delete it to rebuild")
         return old
     return None
 
@@ -265,10 +296,12 @@ def write_documents(
     workers: int | None = None,
     source: str = "",
     log: Callable[[str], None] = print,
+    reading: dict | None = None,
 ) -> dict:
-    """Clean `docs` ((title, text) pairs) and write docs_{i}.txt shards + manifest.json into out_dir."""
-    out = _output_dir(out_dir, num_shards)
-    settings = {"source": source, "num_shards": num_shards, "min_doc_chars": min_doc_chars}
+    """Clean `docs` ((title, text) pairs) and write docs_{i}.txt shards + manifest.json into out_dir; `reading`:
+    how the source was read, recorded with the settings (a re-run reading it otherwise rebuilds)."""
+    out = _output_dir(out_dir, num_shards, source)
+    settings = {"source": source, "num_shards": num_shards, "min_doc_chars": min_doc_chars, **(reading or {})}
     old = _up_to_date(out, settings, log)
     if old is not None:
         return old
@@ -309,7 +342,8 @@ def run_docs(
     if source.endswith((".xml", ".xml.bz2")) or (source.endswith(".bz2") and "multistream" in source):
         return run_wiki(source, out_dir, num_shards, min_doc_chars, workers, log)
     docs = sources.iter_source(source, one_doc_per_file=one_doc_per_file)
-    return write_documents(docs, out_dir, num_shards, min_doc_chars, workers, source, log)
+    reading = {"one_doc_per_file": one_doc_per_file, "inputs": sources.signature(source)}
+    return write_documents(docs, out_dir, num_shards, min_doc_chars, workers, source, log, reading)
 
 
 # ------------------------------------------------------------------------------------------- Wikipedia
@@ -459,8 +493,9 @@ def run_wiki(
         "min_doc_chars": min_doc_chars,
         "headings": headings,
         "cleaner": CLEANER,
+        "inputs": sources.signature(str(d.path)),  # a dump replaced at the same path is another corpus
     }
-    old = _up_to_date(out, settings, log)
+    old = _up_to_date(out, settings, log, "data wiki")
     if old is not None:
         shutil.rmtree(out / "parts", ignore_errors=True)
         return old

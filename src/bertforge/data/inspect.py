@@ -13,6 +13,7 @@ the sequences per row.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -223,13 +224,27 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
 def check_plot_path(path: str | Path) -> Path:
-    """--plot names a PNG file: a directory (or a path under a file) is refused before any shard is read."""
+    """--plot names a PNG file, refused before any shard is read: a directory, a path under a file, a name that
+    is not .png (`--plot s/*.hdf5` lets the shell make a shard the target), an existing file that is not a PNG,
+    or a folder we cannot write."""
     p = Path(path)
     if p.is_dir() or str(path).endswith(("/", "\\")):
         raise UserError(f"--plot {path} is a directory; give a file name, e.g. --plot {p / 'shards.png'}")
+    if p.suffix.lower() != ".png":
+        raise UserError(f"--plot {path}: the plot is a PNG; give a name ending in .png (e.g. --plot shards.png)")
     if any(parent.exists() and not parent.is_dir() for parent in p.parents):
         raise UserError(f"--plot {path}: a parent of it is a file, not a directory; choose another path")
+    if p.is_file():
+        with open(p, "rb") as f:
+            if f.read(len(_PNG_MAGIC)) != _PNG_MAGIC:
+                raise UserError(f"--plot {path} exists and is not a PNG; it is kept: choose another name")
+    folder = next((d for d in p.parents if d.exists()), Path("."))
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"--plot {path}: {folder} is not writable; choose another path")
     return p
 
 

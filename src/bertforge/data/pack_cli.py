@@ -28,6 +28,7 @@ def pack_add(parser: argparse.ArgumentParser) -> None:
 
 def pack_run(args: argparse.Namespace) -> int:
     from bertforge.data.packing import PackConfig, pack_shards
+    from bertforge.runtime.signals import sigterm_interrupts
 
     cfg = PackConfig(
         input_dir=args.input_dir,
@@ -39,7 +40,8 @@ def pack_run(args: argparse.Namespace) -> int:
         chunk_rows=args.chunk_rows,
         buffer_mb=args.buffer_mb,
     )
-    meta = pack_shards(cfg)
+    with sigterm_interrupts():  # SIGTERM ends as Ctrl-C does: one line, exit 143, the same command resumes
+        meta = pack_shards(cfg)
     print(
         f"{meta['sequences']} sequences in {meta['packs']} packs: {meta['avg_seq_per_sample']:.3f} per row, "
         f"padding {meta['padding_fraction_before']:.1%} -> {meta['padding_fraction_after']:.1%}, "

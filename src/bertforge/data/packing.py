@@ -92,10 +92,13 @@ def _open_input(cfg: PackConfig) -> ShardSet:
     for flag, value in sizes.items():
         if value < 1:
             raise UserError(f"{flag} must be at least 1, not {value}")
+    if cfg.seed < 0:
+        raise UserError(f"--seed must be at least 0, not {cfg.seed}")
     if cfg.buffer_mb < 0:  # 0: every row straight to its bucket file
         raise UserError(f"--buffer-mb must be at least 0, not {cfg.buffer_mb}")
     if Path(cfg.output_dir).resolve() == Path(cfg.input_dir).resolve():
         raise UserError("--out must differ from --in")
+    _check_apart_from_shards(Path(cfg.output_dir))
     shards = ShardSet.open(cfg.input_dir, "--in")
     if shards.kind == "packed":
         raise UserError(f"{shards.files[0]} is already packed; pass the unpacked shards to --in")
@@ -192,6 +195,17 @@ def _plan(cfg: PackConfig, shards: ShardSet, out: Path, n_out: int, log: Callabl
         sel = packs[bounds[i] : bounds[i + 1]]
         dest[sel[sel >= 0]] = i
     return _Plan(packs, width, stats, t_alg, len(strategy.combos), bounds, names, todo, dest)
+
+
+def _check_apart_from_shards(out: Path) -> None:
+    """A reader of --out takes every shard in it: unpacked shards or their manifest.json there would mix two
+    kinds in one directory (and the manifest would go stale), so that --out is refused before any work."""
+    if not out.is_dir():
+        return
+    other = sorted(f.name for f in out.glob("*.hdf5") if not f.name.startswith((".", "packed_")))
+    if (out / "manifest.json").is_file() or other:
+        what = other[0] if other else "manifest.json"
+        raise UserError(f"--out {out} holds {what} of unpacked shards or another step: choose an empty --out")
 
 
 def _resume(out: Path, plan_id: str, log: Callable[[str], None]) -> dict[str, Any] | None:

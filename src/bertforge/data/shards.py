@@ -41,6 +41,7 @@ import numpy as np
 from bertforge.data.shardset import KIND_ATTR, MANIFEST, open_shard, reading  # noqa: F401 (KIND_ATTR: the writers' name)
 from bertforge.errors import UserError
 from bertforge.runtime.io import commit, raise_if_disk_full, temp_name, write_text
+from bertforge.runtime.signals import redeliver_interrupt
 
 
 def write_shard(
@@ -136,7 +137,8 @@ def _quiet_h5py_dealloc() -> Iterator[None]:
     """h5py object ids freed after a failed write (a full disk) flush again and print "Exception ignored"
     tracebacks from their destructors; the failure itself is reported once, by the caller."""
     hooks = sys.unraisablehook, sys.excepthook  # h5py's destructors print through both
-    sys.unraisablehook, sys.excepthook = (lambda *_: None), (lambda *_: None)
+    # quiet, except that a Ctrl-C landing in such a destructor is not dropped with the noise
+    sys.unraisablehook, sys.excepthook = redeliver_interrupt, (lambda *_: None)
     try:
         yield
     except BaseException:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bz2
 import glob
 import gzip
+import hashlib
 import io
 import lzma
 import os
@@ -67,6 +68,28 @@ def iter_source(source: str, one_doc_per_file: bool = False) -> Iterator[Doc]:
             "hf:NAME[:CONFIG] or builtin:python-docs"
         )
     return _iter_files([Path(h) for h in hits if Path(h).is_file()], one_doc_per_file)
+
+
+def local_files(source: str) -> list[Path]:
+    """The local paths a source names, unread: a directory, a file, or a glob's hits (none for hf:/builtin:)."""
+    if source.startswith(("hf:", "builtin:")):
+        return []
+    path = Path(source)
+    if path.is_dir() or path.is_file():
+        return [path]
+    return [Path(h) for h in sorted(glob.glob(source, recursive=True))]
+
+
+def signature(source: str) -> str:
+    """Where, how large and how recent the files a local source reads are: an output built from them is out of
+    date once a file is added, replaced or edited, or when the same relative path names other files."""
+    h = hashlib.sha256()
+    for top in local_files(source):
+        for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
+            if f.is_file():
+                st = f.stat()
+                h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------------- text files

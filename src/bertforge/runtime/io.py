@@ -261,3 +261,18 @@ def output_dir(path: str | os.PathLike, option: str = "path") -> Iterator[Path]:
                 p.rmdir()  # only when empty
         raise_if_disk_full(e, d)  # a write no atomic writer saw (a pack bucket, a spill file)
         raise
+
+
+def check_open_files(n: int) -> None:
+    """Writers that keep one file open per output shard: more than the process may open is refused before any
+    work, not an OSError (EMFILE) after it."""
+    try:
+        import resource
+    except ImportError:  # not on Unix: no limit to read
+        return
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft != resource.RLIM_INFINITY and n + 64 > soft:
+        raise UserError(
+            f"{n} shards need {n} files open at once and this process may open {soft} (`ulimit -n`): use fewer "
+            "--shards/--eval-shards, or raise the limit"
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -33,3 +34,54 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+_in_hook = False
+_AGAIN_AFTER_S = 0.05
+"""The interrupt is raised again this long after the hook: long enough for it to have returned (raised inside
+it, or inside the destructor that called it, it would be dropped again)."""
+
+
+def redeliver_interrupt(unraisable) -> bool:
+    """`sys.unraisablehook` helper: Ctrl-C (or SIGTERM's `Terminated`) that lands in a destructor or a weakref
+    callback (h5py frees its objects in them) is printed and dropped by Python, so the command ran on as if
+    never stopped. It is raised again in the main thread a moment later; True when it was one."""
+    global _in_hook
+    exc = unraisable.exc_value
+    if not isinstance(exc, KeyboardInterrupt) or threading.current_thread() is not threading.main_thread():
+        return False
+    kind, before = type(exc), signal.getsignal(signal.SIGINT)
+
+    def again(signum: int, frame: FrameType | None) -> None:
+        if _in_hook:  # inside another dropped destructor's hook: later again
+            _send_sigint_later()
+            return
+        signal.signal(signal.SIGINT, before)
+        raise kind
+
+    _in_hook = True
+    try:
+        signal.signal(signal.SIGINT, again)
+        _send_sigint_later()
+    finally:
+        _in_hook = False
+    return True
+
+
+def _send_sigint_later() -> None:
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(_AGAIN_AFTER_S, signal.pthread_kill, (main, signal.SIGINT))
+    timer.daemon = True
+    timer.start()
+
+
+@contextlib.contextmanager
+def interrupts_kept() -> Iterator[None]:
+    """Inside, a Ctrl-C or SIGTERM that Python would drop in a destructor is raised again (`redeliver_interrupt`)."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: None if redeliver_interrupt(u) else hook(u)
+    try:
+        yield
+    finally:
+        sys.unraisablehook = hook
