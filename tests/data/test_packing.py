@@ -329,6 +329,14 @@ def test_pack_refuses_sizes_below_one_before_writing(tmp_path, change, flag):
         pk.pack_shards(pk.PackConfig(str(tmp_path / "nope"), str(out)), log=lambda m: None)
 
 
+def test_pack_refuses_more_shards_than_packs(tmp_path):
+    """--shards 100000 on 1,538 sequences wrote thousands of empty shards for ten minutes."""
+    write_input_shards(tmp_path / "in", n_shards=1, rows=20)
+    with pytest.raises(UserError, match="more than the .* packs"):
+        pk.pack_shards(pk.PackConfig(str(tmp_path / "in"), str(tmp_path / "p"), shards=1000), log=lambda m: None)
+    assert not list((tmp_path / "p").glob("packed_*.hdf5"))
+
+
 def test_cli(tmp_path, capsys):
     from bertforge.cli import main
 

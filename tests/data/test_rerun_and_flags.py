@@ -187,3 +187,27 @@ def test_cased_rerun_rebuilds_the_shards(corpus, tmp_path, capsys):
     assert "kept" not in capsys.readouterr().out
     assert main(_shards(docs, vocab, out, "--shards", "1", "--cased")) == 0
     assert "kept" in capsys.readouterr().out  # and kept as the cased run's
+
+
+def test_vocab_out_keeps_a_vocab_it_did_not_write_and_refuses_conflicting_flags(corpus, tmp_path, capsys):
+    """`data vocab --out` replaced (or, with --model bpe, deleted) a downloaded vocab.txt kept there; --from with
+    --docs dropped --docs silently; --from a BPE vocab wrote a vocab.txt of Ġ-tokens (61% [UNK] as WordPiece)."""
+    docs, _ = corpus
+    mine = tmp_path / "google"
+    mine.mkdir()
+    (mine / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n", encoding="utf-8")
+    for extra in ([], ["--model", "bpe"]):
+        argv = ["data", "vocab", "--docs", str(docs), "--out", str(mine), "--vocab-size", "90", *extra]
+        assert main(argv) == 2
+        one_line(capsys.readouterr().err, "holds a vocab.txt that `data vocab` did not write")
+    assert [p.name for p in mine.iterdir()] == ["vocab.txt"] and (mine / "vocab.txt").read_text().endswith("the\n")
+    argv = ["data", "vocab", "--docs", str(docs), "--from", str(mine / "vocab.txt"), "--out", str(tmp_path / "v")]
+    assert main(argv) == 2
+    one_line(capsys.readouterr().err, "give one of them")
+    bpe, copy = tmp_path / "bpe", tmp_path / "copy"
+    assert main(["data", "vocab", "--docs", str(docs), "--out", str(bpe), "--model", "bpe", "--vocab-size", "300"]) == 0
+    assert main(["data", "vocab", "--from", str(bpe), "--out", str(copy)]) == 0
+    assert sorted(p.name for p in copy.iterdir()) == ["tokenizer.json"]
+    # our own vocab directory re-runs
+    assert main(["data", "vocab", "--docs", str(docs), "--out", str(bpe), "--vocab-size", "90"]) == 0
+    assert sorted(p.name for p in bpe.iterdir()) == ["tokenizer.json", "vocab.txt"]

@@ -219,11 +219,20 @@ def run_vocab(
     """Train a WordPiece or byte-level BPE (`model`) vocab on documents, or write an existing vocab as
     vocab.txt + tokenizer.json."""
     from bertforge.data.build import document_files
-    from bertforge.data.vocab import load_tokenizer, round_vocab_size, save_tokenizer, train_bpe, train_wordpiece
+    from bertforge.data.vocab import (
+        load_tokenizer,
+        round_vocab_size,
+        save_tokenizer,
+        tokenizer_model,
+        train_bpe,
+        train_wordpiece,
+    )
 
     t0 = time.perf_counter()
     out = Path(out)
-    files = "vocab.txt, tokenizer.json"
+    _check_vocab_out(out)
+    if from_vocab and docs:
+        raise UserError(f"--from {from_vocab} copies a vocab and --docs {docs} trains one: give one of them")
     if from_vocab:
         tok = load_tokenizer(from_vocab, lowercase)
         save_tokenizer(tok, out)
@@ -233,20 +242,38 @@ def run_vocab(
         if (size := round_vocab_size(vocab_size)) != vocab_size:
             log(f"data vocab: BPE vocab size {vocab_size} rounded up to {size} (a multiple of 64)")
         tok = train_bpe(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
-        files = "tokenizer.json (byte-level BPE)"
-        if (out / "vocab.txt").is_file():  # an earlier WordPiece vocab's: read beside this one, it would mislead
-            (out / "vocab.txt").unlink()
-            log(f"data vocab: removed {out / 'vocab.txt'}, an earlier WordPiece vocab's (a BPE vocab has none)")
     elif model == "wordpiece":
         tok = train_wordpiece(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
     else:
         raise UserError(f"vocab model must be wordpiece or bpe, not {model!r}")
+    files = "vocab.txt, tokenizer.json"
+    if tokenizer_model(tok) == "bpe":
+        files = "tokenizer.json (byte-level BPE)"
+        if (out / "vocab.txt").is_file():  # an earlier WordPiece vocab's: read beside this one, it would mislead
+            (out / "vocab.txt").unlink()
+            log(f"data vocab: removed {out / 'vocab.txt'}, an earlier WordPiece vocab's (a BPE vocab has none)")
     have = tok.get_vocab_size()
     short = ""
     if not from_vocab and have < vocab_size:  # the trainer stops when the corpus has no more pieces to merge
         short = f", fewer than the {vocab_size} asked for: the corpus holds no more (min frequency {min_frequency})"
     log(f"data vocab: {have} tokens{short} -> {out}/{files} ({time.perf_counter() - t0:.1f}s)")
     return out
+
+
+def _check_vocab_out(out: Path) -> None:
+    """`data vocab --out` replaces the vocab there: one it did not write is refused, not lost. Ours always has a
+    tokenizer.json (written first); a vocab.txt without one is a downloaded vocab, and model files make a model
+    directory (`export` writes tokenizers into those)."""
+    if not out.is_dir():
+        return
+    if (out / "vocab.txt").is_file() and not (out / "tokenizer.json").is_file():
+        raise UserError(
+            f"--out {out} holds a vocab.txt that `data vocab` did not write (no tokenizer.json beside it): it "
+            "would be replaced; choose another --out (or read it with --from)"
+        )
+    model_files = [n for n in ("config.json", "model.safetensors", "pytorch_model.bin") if (out / n).exists()]
+    if model_files:
+        raise UserError(f"--out {out} is a model directory ({model_files[0]}): give the vocab a directory of its own")
 
 
 def run_prepare(cfg: Any, log=print) -> dict[str, Any]:

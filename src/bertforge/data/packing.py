@@ -187,6 +187,8 @@ def _plan(cfg: PackConfig, shards: ShardSet, out: Path, n_out: int, log: Callabl
         f"pack: {stats['sequences']} sequences -> {stats['packs']} packs ({cfg.algorithm}, K={cfg.max_per_pack}, "
         f"efficiency {stats['packing_efficiency']:.2%}, strategy in {t_alg:.3f}s)"
     )
+    if n_out > len(packs):  # the extra shards would be empty files, each a reader's open and nothing more
+        raise UserError(f"--shards {n_out} is more than the {len(packs)} packs: give at most {len(packs)}")
     bounds = _shard_bounds(len(packs), n_out)
     names = [_out_name(i) for i in range(n_out)]
     todo = [i for i in range(n_out) if not (out / names[i]).is_file()]

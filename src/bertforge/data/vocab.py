@@ -186,15 +186,18 @@ def vocab_hash(path: str | os.PathLike) -> str:
 
 
 def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> Path:
-    """Write vocab.txt (tokens in id order) and tokenizer.json into `out_dir`, atomically; returns the dir."""
+    """Write tokenizer.json and, for WordPiece, vocab.txt (tokens in id order) into `out_dir`, atomically; returns
+    the dir. A byte-level BPE vocab has no vocab.txt: its tokens (Ġ-prefixed) read as WordPiece would be mostly
+    [UNK]."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab = tok.get_vocab()
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
-        raise UserError(f"tokenizer ids are not contiguous 0..{len(by_id) - 1}; cannot write {out / 'vocab.txt'}")
-    write_text(out / "vocab.txt", "".join(t + "\n" for t, _ in by_id))
-    write_text(out / "tokenizer.json", tok.to_str(pretty=True))
+        raise UserError(f"tokenizer ids are not contiguous 0..{len(by_id) - 1}; cannot write {out}")
+    write_text(out / "tokenizer.json", tok.to_str(pretty=True))  # first: a vocab.txt alone is someone else's
+    if isinstance(tok.model, models.WordPiece):
+        write_text(out / "vocab.txt", "".join(t + "\n" for t, _ in by_id))
     return out
 
 
