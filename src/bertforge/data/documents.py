@@ -503,10 +503,12 @@ def run_wiki(
     prefixes = sources.non_article_prefixes(wikidump.header_namespaces(wikidump.read_header(d)))
     _splitter()  # Bling Fire loaded once here, shared by the forked workers
     stat = d.path.stat()  # a different dump at the same path must not reuse the parts of the old one
+    # the parts hold each chunk's cleaned documents, dealt into shards only at the merge: --shards is not theirs
+    part_settings = {k: v for k, v in settings.items() if k != "num_shards"}
     parts = _parts_dir(
         out,
         dict(
-            settings,
+            part_settings,
             chunk_bytes=chunk_bytes,
             index=str(d.index),
             dump_bytes=stat.st_size,
