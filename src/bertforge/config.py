@@ -177,6 +177,10 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_steps < 0:
             raise ConfigError(f"train.max_steps must be >= 0, got {self.max_steps}")
+        if self.seed < 0:  # numpy's generators (the data order) take no negative seed
+            raise ConfigError(f"train.seed must be >= 0, got {self.seed}")
+        if not str(self.output_dir).strip():  # "" is the working directory: the run's files would land there
+            raise ConfigError("train.output_dir is empty: name the run's directory, e.g. runs/my_run")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision must be {', '.join(PRECISIONS)}, not {self.precision!r}")
         if self.attention not in ATTENTION_KERNELS:

@@ -158,3 +158,17 @@ def test_question_length_is_checked_for_squad_only(tmp_path, capsys):
     assert "max_query_len" not in capsys.readouterr().err
     assert main([*base, "--task", "squad", "--train-file", "t.json", "--set", "task.max_query_len=400"]) == 2
     assert "task.max_query_len 400 leaves no room for context in task.max_seq_len 384" in capsys.readouterr().err
+
+
+def test_a_repeated_question_id_in_an_evaluation_file_is_one_line(tmp_path):
+    """Two questions with one id: predictions are keyed by id, so one question was scored against the other's
+    prediction (39 predictions, 40 scored) without a word."""
+
+    def repeat(o):
+        qas = o["data"][0]["paragraphs"][0]["qas"]
+        qas[1]["id"] = qas[0]["id"]
+
+    path = _write(tmp_path, _broken(repeat), "dup.json")
+    with pytest.raises(UserError, match=r"dup.json: data\[0\]\.paragraphs\[0\]\.qas\[1\] repeats the id 'q1'"):
+        squad.read_squad(path)
+    assert len(squad.read_squad(path, training=True)[0]) == 2  # training reads each question; ids are not keys

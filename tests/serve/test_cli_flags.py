@@ -127,3 +127,19 @@ def test_server_addresses_tritonclient_takes_pass_the_url_check():
     for url in ("127.0.0.1:8000", "localhost:1", "[::1]:8001", "my-host.example:65535", "h:8000/base/path"):
         check_url(url, "http")
     check_url("[::1]:8001", "grpc")
+
+
+@pytest.mark.parametrize("timeout", ["-1", "0", "nan"])
+def test_predict_timeout_out_of_range_is_one_line(capsys, timeout):
+    """-1 was urllib3's traceback ("Timeout value out of range"); 0 a misleading "cannot reach a server"."""
+    assert main(["predict", "--task", "classify", "--text", "fine", "--timeout", timeout]) == 2
+    one_line(capsys.readouterr().err, "--timeout", "> 0")
+
+
+@pytest.mark.parametrize("tolerance", ["-1", "0", "nan"])
+def test_export_onnx_tolerance_out_of_range_is_refused_before_exporting(tmp_path, capsys, tolerance):
+    """It was refused only after a whole export, as "differs from PyTorch by 7.15e-07 (> -1.0)"."""
+    argv = ["export", "--model", str(tmp_path / "nomodel"), "--format", "onnx", "--task", "embed"]
+    assert main([*argv, "--out", str(tmp_path / "o"), "--tolerance", tolerance]) == 2
+    one_line(capsys.readouterr().err, "--tolerance", "> 0")
+    assert not (tmp_path / "o").exists()

@@ -132,6 +132,9 @@ def test_init_from_takes_the_checkpoints_shape_and_this_configs_dropout(shards, 
     out = capsys.readouterr().out
     assert "its config.json decides the model's shape, not model.preset mini" in out
     assert "hidden_size 256" in out and "num_hidden_layers 4" in out, out
+    assert f"pretrain phase 1: {model_dir} (2 layers, hidden 128," in out  # the banner names what runs, not "mini"
+    summary = json.loads((tmp_path / "p2" / "summary.json").read_text())
+    assert summary["model_preset"] is None and summary["model"].startswith(str(model_dir))
     config = json.loads((ckpt.latest_checkpoint(tmp_path / "p2" / "checkpoints").model_dir / "config.json").read_text())
     assert config["hidden_size"] == 128 and config["hidden_dropout_prob"] == 0.25
     assert config["attention_probs_dropout_prob"] == 0.0

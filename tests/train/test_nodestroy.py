@@ -155,3 +155,49 @@ def test_sigterm_saves_a_checkpoint_and_resume_matches_an_uninterrupted_run(shar
     run_pretrain(load_config("pretrain", None, overrides(shards, full, **extra)))
     assert sorted(set(_steps(cut))) == _steps(cut)  # no step logged twice
     _assert_same_weights(full, cut)
+
+
+def test_overwrite_refuses_the_init_checkpoint_it_would_delete(shards, tmp_path, overrides, capsys):
+    """`--overwrite` with train.init_checkpoint inside train.output_dir deleted phase 1's checkpoints before phase
+    2 had saved anything (and a failing start then left nothing)."""
+    out = tmp_path / "run"
+    argv = ["pretrain", *[f"--set={s}" for s in overrides(shards, out, **{"train.max_steps": 3})]]
+    assert main(argv) == 0
+    steps = sorted(p.name for p in (out / "checkpoints").iterdir())
+    capsys.readouterr()
+    assert main([*argv, f"--set=train.init_checkpoint={out}", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "which --overwrite deletes" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == steps
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("train.seed", -1), ("train.output_dir", ""), ("train.stop_after_steps", -1)]
+)
+def test_pretrain_settings_that_failed_late_are_one_line_at_load(shards, tmp_path, overrides, capsys, key, value):
+    """A negative seed was a DataLoader traceback at the first step (after --overwrite had deleted the earlier
+    run); an empty output_dir wrote the run into the working directory."""
+    argv = ["pretrain", *[f"--set={s}" for s in overrides(shards, tmp_path / "run")], f"--set={key}={value}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert key in err and len(err.strip().splitlines()) == 1
+
+
+def test_phase_two_runs_its_own_optimizer_settings_and_names_another_objective(shards, tmp_path, overrides, capsys):
+    """torch's load_state_dict brought back phase 1's weight decay, betas and eps, while config.yaml said
+    otherwise; a checkpoint of the other objective was a size-mismatch traceback inside torch."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["pretrain", *[f"--set={s}" for s in overrides(shards, one, **{"train.max_steps": 3})]]) == 0
+    changed = {"optim.weight_decay": 0.5, "optim.beta2": 0.98, "optim.eps": 1e-8, "train.max_steps": 3}
+    sets = [*overrides(shards, two, **changed), f"train.init_checkpoint={one}"]
+    argv = ["pretrain", *[f"--set={s}" for s in sets]]
+    assert main(argv) == 0
+    state = ckpt.latest_checkpoint(two / "checkpoints").load_state()
+    groups = state["optimizer"]["param_groups"]
+    assert max(g["weight_decay"] for g in groups) == 0.5
+    assert {tuple(g["betas"]) for g in groups} == {(0.9, 0.98)} and {g["eps"] for g in groups} == {1e-8}
+    capsys.readouterr()
+    mlm = overrides(shards, tmp_path / "three", **{"train.objective": "mlm"})
+    assert main(["pretrain", *[f"--set={s}" for s in mlm], f"--set=train.init_checkpoint={one}"]) == 2
+    err = capsys.readouterr().err
+    assert "train.objective=mlm_nsp" in err and len(err.strip().splitlines()) == 1

@@ -81,8 +81,6 @@ class FinetuneTrainConfig(TrainConfig):
             raise ConfigError(f"train.eval_every must be >= 0, got {self.eval_every}")
         if not 0 < self.epochs < math.inf:  # NaN fails too
             raise ConfigError(f"train.epochs must be a finite number > 0, got {self.epochs}")
-        if self.seed < 0:  # numpy's generators (the data order) take no negative seed
-            raise ConfigError(f"train.seed must be >= 0, got {self.seed}")
         if self.eval_batch_size < 1:
             raise ConfigError(f"train.eval_batch_size must be >= 1, got {self.eval_batch_size}")
         if self.cuda_graphs and not self.pad_to_max_length:

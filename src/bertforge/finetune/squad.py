@@ -65,12 +65,19 @@ def read_squad(
         raise UserError(f"SQuAD file {path} is not valid JSON: {e}") from None
     data = _field(raw, "data", list, path, "the top level")
     examples = []
+    first_at: dict[str, str] = {}  # id -> where: predictions and the official metric are keyed by id
     for a, article in enumerate(data):
         for p, para in enumerate(_field(article, "paragraphs", list, path, f"data[{a}]")):
             where = f"data[{a}].paragraphs[{p}]"
             context = _field(para, "context", str, path, where, "" if scoring else None)
             for q, qa in enumerate(_field(para, "qas", list, path, where)):
-                examples.append(_example(qa, context, path, f"{where}.qas[{q}]", scoring, v1, training))
+                examples.append(ex := _example(qa, context, path, f"{where}.qas[{q}]", scoring, v1, training))
+                if not training and first_at.setdefault(ex.qid, f"{where}.qas[{q}]") != f"{where}.qas[{q}]":
+                    raise UserError(
+                        f"SQuAD file {path}: {where}.qas[{q}] repeats the id {ex.qid!r} of {first_at[ex.qid]}; "
+                        "evaluation scores each id once, so one of the two would be scored against the other's "
+                        "prediction: give every question its own id"
+                    )
     if not examples:
         raise UserError(f"SQuAD file {path} holds no questions (no data[].paragraphs[].qas[]); is it the right file?")
     return examples, data

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -68,6 +69,8 @@ def export_run(args: argparse.Namespace) -> int:
     else:
         if args.num_labels is not None:
             raise UserError("--num-labels applies to --format hf; export the HF directory first, then ONNX")
+        if not args.tolerance > 0:  # NaN too: checked before the export, not after it
+            raise UserError(f"--tolerance is the largest allowed difference; give a number > 0, not {args.tolerance}")
         res = export.export_onnx(
             args.model,
             args.out,
@@ -293,6 +296,8 @@ def predict_run(args: argparse.Namespace) -> int:
     from bertforge.serve.client import Client, rows_as_json, server_message
     from bertforge.serve.tasks import TASKS
 
+    if not 0 < args.timeout < math.inf:
+        raise UserError(f"--timeout is in seconds; give a number > 0, not {args.timeout}")
     spec = TASKS[args.task]
     if args.jsonl:
         cols = read_jsonl(args.jsonl, args.task)

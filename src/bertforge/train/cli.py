@@ -84,7 +84,7 @@ def pretrain_run(args: argparse.Namespace) -> int:
         raise UserError("--allow-changed only applies with --resume (it accepts a changed config on resuming)")
     info = distributed.env_info()
     # an earlier run's directory is refused before anything is written (run_pretrain checks it too)
-    check_output_dir(cfg.train.output_dir, args.resume, args.overwrite)
+    check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, cfg.train.init_checkpoint)
     try:
         with unstarted_removed(cfg.train.output_dir, info.is_main):
             if info.is_main:

@@ -161,6 +161,8 @@ class PretrainTrainConfig(TrainConfig):
             raise ConfigError(f"train.objective must be {' or '.join(OBJECTIVE_TASKS)}, not {self.objective!r}")
         if self.save_every < 0:
             raise ConfigError(f"train.save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
+        if self.stop_after_steps < 0:
+            raise ConfigError(f"train.stop_after_steps must be >= 0 (0: run to max_steps), got {self.stop_after_steps}")
 
 
 @dataclasses.dataclass

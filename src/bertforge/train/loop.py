@@ -37,7 +37,7 @@ from bertforge.config import compile_keys, compile_mode, compile_notice, resolve
 from bertforge.data import synthetic
 from bertforge.data.loader import PretrainLoader, eval_batches, masking_overrides, with_segments
 from bertforge.data.shardset import ShardSet
-from bertforge.errors import UserError
+from bertforge.errors import UserError, first_line
 from bertforge.optim.lamb import optimizer_for
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as ddp
@@ -284,12 +284,19 @@ def unstarted_removed(output_dir: str | Path, is_main: bool = True) -> Iterator[
         raise
 
 
-def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool) -> None:
+def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool, init_checkpoint: str | None = None) -> None:
     """Refuse an output_dir holding an earlier run unless `resume` or `overwrite` (carried out by
-    `claim_output_dir` once every input has passed its checks)."""
+    `claim_output_dir` once every input has passed its checks), and an `init_checkpoint` that `overwrite` would
+    delete before this run has saved anything of its own."""
     out = Path(output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in train.output_dir, --overwrite deletes it: pass one of them")
+    init = Path(init_checkpoint).resolve() if init_checkpoint else None
+    if overwrite and init is not None and out.resolve() in (init, *init.parents):
+        raise UserError(
+            f"train.init_checkpoint {init_checkpoint} is in train.output_dir {out}, which --overwrite deletes: "
+            "give this phase another train.output_dir"
+        )
     for name in (*RUN_OUTPUTS, "config.yaml"):  # not a traceback at the first save, after the training
         path, is_dir = out / name, name in _RUN_DIRS
         if path.exists() and path.is_dir() != is_dir:
@@ -380,6 +387,14 @@ def _shape_diff(a, b) -> list[str]:
     return [k for k in _SHAPE if getattr(a, k) != getattr(b, k)]
 
 
+def model_name(cfg: PretrainConfig, bert_cfg) -> str:
+    """The preset's name, or for model.init_from the loaded shape (its config.json, not the preset, decides)."""
+    if not cfg.model.init_from:
+        return cfg.model.preset
+    shape = f"{bert_cfg.num_hidden_layers} layers, hidden {bert_cfg.hidden_size}"
+    return f"{cfg.model.init_from} ({shape}, {bert_cfg.max_position_embeddings} positions)"
+
+
 def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[torch.nn.Module, Any]:
     """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
     config's dropout rates replace its own); runtime choices applied from outside."""
@@ -415,9 +430,13 @@ RESUME_KEYS = (
     "optim.warmup",
     "optim.schedule",
     "train.max_steps",
+    "optim.weight_decay",
+    "optim.beta1",
+    "optim.beta2",
+    "optim.eps",
 )
 """What --resume must share with the checkpoint's run: the data order (the loader's lanes are global / micro
-batch, its shuffles follow the seed and chunk_rows; the shards) and the schedule."""
+batch, its shuffles follow the seed and chunk_rows; the shards), the schedule and the optimizer's settings."""
 
 
 def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: bool, info: ddp.DistInfo) -> None:
@@ -453,15 +472,45 @@ def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: boo
     _log0(info, f"--allow-changed: resuming {found.path} with {what}")
 
 
+def _check_objective(cfg: PretrainConfig, found: ckpt.Checkpoint) -> None:
+    """A checkpoint of the other objective has other heads (NSP's or none) and optimizer groups: one line
+    before loading, not a size mismatch inside torch."""
+    saved = found.meta().get("config")
+    objective = ((saved.get("train") or {}) if isinstance(saved, dict) else {}).get("objective")
+    if objective and objective != cfg.train.objective:
+        raise UserError(
+            f"checkpoint {found.path} was trained with train.objective={objective}, and this run has "
+            f"{cfg.train.objective}: set train.objective={objective}"
+        )
+
+
+def _load_optimizer(optimizer, state: dict) -> None:
+    """The saved moments, with this config's settings: torch's load_state_dict also brings back the saved run's
+    weight decay, betas and eps, which would then run although config.yaml says otherwise (phase 2 with its
+    own recipe; a resume with --allow-changed)."""
+    # only what the config sets per group; lr and the schedule's keys are state that a resume must keep
+    mine = [{k: group[k] for k in ("weight_decay", "betas", "eps") if k in group} for group in optimizer.param_groups]
+    try:
+        optimizer.load_state_dict(state)
+    except ValueError as e:  # another head layout: the groups' sizes differ (MLM-only against MLM + NSP)
+        raise UserError(
+            f"the checkpoint's optimizer state does not fit this model and optimizer ({first_line(e)}); start "
+            "from another checkpoint"
+        ) from None
+    for group, settings in zip(optimizer.param_groups, mine):
+        group.update(settings)
+
+
 def restore(
     cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer, scaler, device, info: ddp.DistInfo
 ) -> tuple[TrainState, bool]:
     """A checkpoint of this run (--resume), else phase 2's init checkpoint, else a fresh state."""
     found = ckpt.latest_checkpoint(ckpt_root) if resume else None
     if found is not None:
+        _check_objective(cfg, found)
         _load_weights(model, found.model_dir, found.resume_fix)
         saved = found.load_state()
-        optimizer.load_state_dict(saved["optimizer"])
+        _load_optimizer(optimizer, saved["optimizer"])
         scaler.load_state_dict(saved["scaler"])
         state = TrainState(**saved["train_state"])
         rng = saved["rng"][info.rank] if info.rank < len(saved["rng"]) else saved["rng"][0]
@@ -475,11 +524,12 @@ def restore(
         src = ckpt.find_checkpoint(cfg.train.init_checkpoint)
         # not this run's: deleting it would not help, and an untrusted file must never be loaded unsafely
         fix = "set train.init_checkpoint to a checkpoint written by `bertforge pretrain` from a source you trust"
+        _check_objective(cfg, src)
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix)
         prev = TrainState(**saved["train_state"])
         if (name := _optimizer_of(src.meta().get("config"))) in (None, cfg.optim.name):
-            optimizer.load_state_dict(saved["optimizer"])
+            _load_optimizer(optimizer, saved["optimizer"])
             _reset_optimizer_step(optimizer)
             _log0(info, f"phase {prev.phase + 1} from {src.path}: weights and optimizer moments loaded, step reset")
         else:  # another optimizer's state (LAMB's moments under AdamW's keys) cannot carry over
@@ -628,9 +678,10 @@ def _announce(run: Run) -> None:
     t = cfg.train
     _log0(
         info,
-        f"pretrain phase {state.phase}: {cfg.model.preset} ({n_params:.1f}M params) on {info.world_size} x "
-        f"{run.device} in {run.precision}; global batch {t.global_batch_size} = {t.micro_batch_size} x "
-        f"{info.world_size} ranks x {run.loader.accum} accumulation; {run.loader.kind} shards; step: "
+        f"pretrain phase {state.phase}: {model_name(cfg, run.bert_cfg)} ({n_params:.1f}M params) on "
+        f"{info.world_size} x {run.device} in {run.precision}; global batch {t.global_batch_size} = "
+        f"{t.micro_batch_size} x {info.world_size} ranks x {run.loader.accum} accumulation; {run.loader.kind} "
+        "shards; step: "
         f"{step_kind(t, cfg.optim)}",
     )
 
@@ -858,7 +909,8 @@ def _finish(run: Run, window: _Window, eval_metrics: dict[str, float]) -> dict[s
         "precision": run.precision,
         "device": str(run.device),
         "world_size": run.info.world_size,
-        "model_preset": run.cfg.model.preset,
+        "model_preset": None if run.cfg.model.init_from else run.cfg.model.preset,
+        "model": model_name(run.cfg, run.bert_cfg),
         "parameters": sum(p.numel() for p in run.model.parameters()),  # tied weights once
         **_last_values(run, window),
         **{f"final_{k}": v for k, v in eval_metrics.items()},
@@ -884,7 +936,7 @@ def run_pretrain(
     `overwrite`: delete an earlier run in train.output_dir instead of refusing it (see `check_output_dir`);
     `allow_changed`: resume although RESUME_KEYS differ from the checkpoint's (see `check_resume`).
     Raises `runtime.preempt.Preempted` after saving when SIGTERM or SIGINT arrives."""
-    check_output_dir(cfg.train.output_dir, resume, overwrite)
+    check_output_dir(cfg.train.output_dir, resume, overwrite, cfg.train.init_checkpoint)
     with Preemption() as preempt:
         run = setup(cfg, resume, json_summary, _save_hook, allow_changed, overwrite, profile_steps)
         with dev.reproducible_compiled_step(run.device, bool(run.cfg.train.compile)):
