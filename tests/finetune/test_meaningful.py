@@ -131,6 +131,24 @@ def test_score_refuses_non_numeric_na_probs(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["best_exact"] == 50.0  # q1 right, q2 (has an answer) predicted empty
 
 
+def test_score_refuses_missing_na_probs_directories_and_flags_of_the_other_task(tmp_path, capsys):
+    """na_probs lacking answerable ids gave "exact 100, best_exact 81.8" (the official script stops with a
+    KeyError); a directory as --predictions was an IsADirectoryError traceback; --na-probs with --task squad was
+    ignored."""
+    data, preds = _write(tmp_path, GOOD), _write(tmp_path, {"q1": "paris", "q2": ""}, "preds.json")
+    na = _write(tmp_path, {"q1": 0.1}, "na.json")
+    base = ["score", "--data", str(data), "--predictions", str(preds)]
+    for argv, message in (
+        ([*base, "--task", "squad_v2", "--na-probs", str(na)], "has no score for 1 question(s), e.g. 'q2'"),
+        ([*base, "--task", "squad", "--na-probs", str(na)], "use --task squad_v2"),
+        ([*base, "--task", "squad_v2", "--na-prob-thresh", "nan"], "--na-prob-thresh must be a number"),
+        (["score", "--task", "squad", "--data", str(data), "--predictions", str(tmp_path)], "is a directory"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_glue_file_with_only_a_header_is_an_error(tmp_path):
     spec = glue.get_task("mrpc")
     path = tmp_path / "train.tsv"

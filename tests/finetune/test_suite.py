@@ -3,6 +3,7 @@ aggregation (lr choice, medians, spread, GLUE average), and crash-then-resume on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.helpers import one_line
 
 from bertforge.cli import main
 from bertforge.errors import UserError
@@ -238,11 +240,15 @@ def test_every_input_is_checked_before_the_first_run(encoder, tmp_path, capsys, 
     assert "train.epochs must be a finite number > 0, got 0.0" in _fails_before_any_run(argv, out, capsys, monkeypatch)
     other = suite.result_path(out, "wnli", 2e-5, 42)
     other.parent.mkdir(parents=True)
-    other.write_text(json.dumps({"fingerprint": {"model": "another"}}))
+    record = {"fingerprint": {"model": "another"}, "metrics": {"accuracy": 50}, "lr": 2e-5, "seed": 42}
+    other.write_text(json.dumps(record))
     started = []
     monkeypatch.setattr("bertforge.finetune.runner.run_finetune", lambda *a, **k: started.append(a))
     assert main(_argv(encoder, glue_dir, out)) == 2
-    assert "is the result of another model or recipe" in capsys.readouterr().err and not started
+    err = capsys.readouterr().err
+    assert "is the result of another model or recipe (model, " in err and not started
+    other.write_text(json.dumps([1, 2]))  # hand-edited into something else: run again, not a traceback
+    assert suite.read_result(other, {}, overwrite=False) is None
 
 
 def test_a_signal_stops_the_suite_in_one_line_and_a_rerun_goes_on(encoder, tmp_path, capsys, monkeypatch):
@@ -279,3 +285,78 @@ def test_a_signal_stops_the_suite_in_one_line_and_a_rerun_goes_on(encoder, tmp_p
     assert main(argv) == 0
     assert runs == [2]  # seed 1 was done
     assert len(json.loads((out / "glue_results.json").read_text())["runs"]) == 2
+
+
+def test_a_signal_during_a_runs_final_evaluation_still_stops_the_suite(encoder, tmp_path, capsys, monkeypatch):
+    """SIGTERM while the first run evaluated after its last update: no step boundary was left to act on it, so
+    it was dropped, the suite ran the next run and exited 0. Now the finished run is written and the suite
+    stops with 143."""
+    import os
+    import signal
+
+    from bertforge.finetune import runner
+
+    glue_dir = write_glue(tmp_path / "glue", tasks=("rte",))
+    out = tmp_path / "out"
+    real_eval, real_run = runner.evaluate, runner.run_finetune
+    runs: list[int] = []
+
+    def signalled(s, *args, **kwargs):
+        result = real_eval(s, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(runner, "evaluate", signalled)
+    monkeypatch.setattr(
+        runner, "run_finetune", lambda r, c, log=print: runs.append(c.train.seed) or real_run(r, c, log)
+    )
+    assert main(_argv(encoder, glue_dir, out, "--seeds", "1,2")) == 143
+    assert runs == [1]
+    assert "after the last step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--seeds", "1,1"], "--seeds '1,1' names 1 more than once"),
+        (["--lrs", "2e-05,0.00002"], "names 2e-05 more than once"),
+        (["--set", "train.output_dir=elsewhere"], "use --output-dir instead"),
+        (["--set", "train.seed=7"], "use --seeds instead"),
+        (["--lrs", "3e-5", "--set", "optim.lr=1e-3"], "use --lrs instead"),
+    ],
+)
+def test_suite_refuses_a_repeated_seed_or_lr_and_the_keys_it_sets_itself(tmp_path, capsys, extra, message):
+    """A repeated seed ran twice and counted twice in the median; --set train.output_dir / train.seed / optim.lr
+    (with --lrs) were replaced by the suite's own without a word."""
+    glue_dir = write_glue(tmp_path / "glue", tasks=("rte",))
+    assert main(_argv(tmp_path / "no-model", glue_dir, tmp_path / "out", *extra)) == 2
+    one_line(capsys.readouterr().err, message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_result_is_another_recipe_when_its_files_change_not_when_another_task_arrives(tmp_path):
+    """The fingerprint held names only: an edited dev.tsv, new weights at the same --model path or an edited
+    config file reused the old results. A reordered --set, or another task's files, change nothing."""
+    import os
+
+    glue_dir = write_glue(tmp_path / "glue", tasks=("rte", "wnli"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    opts = suite.SuiteOptions(str(glue_dir), str(model), str(tmp_path / "out"), overrides=["a=1", "b=2"])
+    fp = suite.fingerprint(opts, "rte")
+    assert suite.fingerprint(dataclasses.replace(opts, overrides=["b=2", "a=1"]), "rte") == fp
+    (glue_dir / "WNLI" / "dev.tsv").write_text((glue_dir / "WNLI" / "dev.tsv").read_text() + "\n")
+    assert suite.fingerprint(opts, "rte") == fp
+    for changed in (glue_dir / "RTE" / "dev.tsv", model / "model.safetensors"):
+        os.utime(changed, ns=(1, 1))
+        assert suite.fingerprint(opts, "rte") != fp
+        fp = suite.fingerprint(opts, "rte")
+
+
+def test_a_table_of_wnli_alone_is_valid_json():
+    """avg_no_wnli was NaN, which json.dumps writes and JSON parsers refuse."""
+    results = [{"task": "wnli", "lr": 2e-5, "seed": s, "metrics": {"accuracy": 50.0}} for s in (1, 2)]
+    table = suite.aggregate(results)
+    assert json.loads(json.dumps(table, allow_nan=False))["avg_no_wnli"] is None
+    assert "| 50.0 | 50.0 | - |" in suite.markdown_table(table)

@@ -20,7 +20,7 @@ import bertforge
 from bertforge.cli import main
 from bertforge.config import load_config
 from bertforge.errors import UserError
-from bertforge.runtime.preempt import Preemption
+from bertforge.runtime.preempt import Preempted, Preemption
 from bertforge.train import checkpoint as ckpt
 from bertforge.train.loop import run_pretrain
 
@@ -121,12 +121,17 @@ def test_metrics_do_not_repeat_steps_after_a_resume_from_an_older_checkpoint(sha
 
 def test_preemption_flag_and_handlers_restored():
     old = signal.getsignal(signal.SIGINT)
-    with Preemption() as pre:
+    # a signal no step boundary acted on (it came during the final evaluation) still stops the process at the
+    # end: it was dropped, and a GLUE suite ran its next tasks and exited 0
+    with pytest.raises(Preempted, match="after the last step") as stop, Preemption() as pre:
         signal.raise_signal(signal.SIGINT)  # the handler only records it: no KeyboardInterrupt here
         assert pre.signum == signal.SIGINT and pre.agreed(torch.device("cpu"))
         err = pre.stopped("saved")
         assert str(err) == "received SIGINT: saved" and err.exit_code == 130
+    assert stop.value.exit_code == 130
     assert signal.getsignal(signal.SIGINT) is old
+    with Preemption() as pre:  # none: nothing raised
+        pass
 
 
 def _child(argv: list[str]) -> subprocess.Popen:

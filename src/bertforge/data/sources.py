@@ -24,7 +24,6 @@ from __future__ import annotations
 import bz2
 import glob
 import gzip
-import hashlib
 import io
 import lzma
 import os
@@ -34,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bertforge.errors import UserError, first_line
+from bertforge.runtime.io import files_signature
 
 Doc = tuple[str, str]
 
@@ -81,15 +81,8 @@ def local_files(source: str) -> list[Path]:
 
 
 def signature(source: str) -> str:
-    """Where, how large and how recent the files a local source reads are: an output built from them is out of
-    date once a file is added, replaced or edited, or when the same relative path names other files."""
-    h = hashlib.sha256()
-    for top in local_files(source):
-        for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
-            if f.is_file():
-                st = f.stat()
-                h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()[:16]
+    """The local files a source reads, as `runtime.io.files_signature` ("" hashed for hf:/builtin:)."""
+    return files_signature(local_files(source))
 
 
 # ------------------------------------------------------------------------------------------- text files

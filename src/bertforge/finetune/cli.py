@@ -109,9 +109,13 @@ def _task_run(args: argparse.Namespace) -> int:
 
 def _split(text: str | None, cast, flag: str) -> list:
     try:
-        return [cast(x) for x in (text or "").split(",") if x.strip()]
+        values = [cast(x) for x in (text or "").split(",") if x.strip()]
     except ValueError:
         raise UserError(f"{flag} {text!r}: expected a comma-separated list of {cast.__name__} values") from None
+    if repeated := sorted({v for v in values if values.count(v) > 1}):
+        # the same run twice would count twice in the median and the spread (and replace its own directory)
+        raise UserError(f"{flag} {text!r} names {', '.join(map(str, repeated))} more than once; give each once")
+    return values
 
 
 def _refuse_suite_flags(args: argparse.Namespace) -> None:
@@ -200,11 +204,12 @@ def score_add(p: argparse.ArgumentParser) -> None:
 
 
 def _read_json(path: str, what: str):
+    from bertforge.runtime.io import read_input
+
+    data = read_input(Path(path), f"{what} file", "give the JSON file", ", not a JSON file")
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{what} file {path} does not exist") from None
-    except ValueError as e:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError too
         raise UserError(f"{what} file {path} is not valid JSON: {e}") from None
 
 
@@ -219,6 +224,10 @@ def _read_na_probs(path: str) -> dict[str, float]:
     return {qid: float(v) for qid, v in raw.items()}
 
 
+def _question_ids(data: list) -> list[str]:
+    return [qa["id"] for article in data for para in article["paragraphs"] for qa in para["qas"]]
+
+
 def score_run(args: argparse.Namespace) -> int:
     from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
     from bertforge.finetune.squad import read_squad
@@ -227,6 +236,10 @@ def score_run(args: argparse.Namespace) -> int:
     preds = _read_json(args.predictions, "--predictions")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):
         raise UserError(f"--predictions {args.predictions}: expected a JSON object of question id -> answer text")
+    if args.task == "squad" and args.na_probs:
+        raise UserError("--na-probs is SQuAD v2.0's (unanswerable questions): use --task squad_v2, or drop it")
+    if not math.isfinite(args.na_prob_thresh):
+        raise UserError(f"--na-prob-thresh must be a number, not {args.na_prob_thresh}")
     if args.task == "squad":
         out = squad_v1_scores(data, preds)
         if out["missing"]:
@@ -236,6 +249,12 @@ def score_run(args: argparse.Namespace) -> int:
         shown = {"exact_match": out["exact_match"], "f1": out["f1"]}  # what evaluate-v1.1.py prints
     else:
         na = _read_na_probs(args.na_probs) if args.na_probs else None
+        if na is not None and (lacking := [qid for qid in _question_ids(data) if qid not in na]):
+            # evaluate-v2.0.py stops with a KeyError here; scoring them as 0 would skew the threshold search
+            raise UserError(
+                f"--na-probs {args.na_probs} has no score for {len(lacking)} question(s), e.g. {lacking[0]!r}: "
+                "give every question of --data a no-answer score"
+            )
         out = squad_v2_scores(data, preds, na, args.na_prob_thresh)
         if out["missing"]:
             print(f"warning: {out['missing']} questions have no prediction (scored 0)", file=sys.stderr)

@@ -850,8 +850,9 @@ def _train_or_evaluate(s: Session) -> dict[str, Any]:
                 s.best = {"epoch": 0, **evaluate(s, 0)}
                 s.history.append(s.best)
         else:
-            with Preemption() as preempt:
+            with Preemption() as preempt:  # finish inside: a signal during the final evaluation still stops
                 train(s, preempt)
+                return finish(s)
         return finish(s)
     finally:
         s.logger.close()

@@ -145,8 +145,9 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     no_wnli = [v for t, v in scored.items() if t != "wnli"]
     return {
         "tasks": tasks,
-        "average": float(np.mean(list(scored.values()))) if scored else float("nan"),
-        "avg_no_wnli": float(np.mean(no_wnli)) if no_wnli else float("nan"),
+        # None, not NaN, where there is nothing to average: json.dumps writes NaN, which JSON does not have
+        "average": float(np.mean(list(scored.values()))) if scored else None,
+        "avg_no_wnli": float(np.mean(no_wnli)) if no_wnli else None,
     }
 
 
@@ -158,7 +159,8 @@ def markdown_table(table: dict[str, Any], name: str = "model") -> str:
     """The GLUE papers' table: one row of official metrics per task and the averages, then spread and lr rows."""
     tasks = table["tasks"]
     heads = [HEADINGS[t] for t in tasks] + ["Avg", "Avg w/o WNLI"]
-    avgs = [f"{table['average']:.1f}", f"{table['avg_no_wnli']:.1f}" if "wnli" in tasks else "-"]
+    avgs = [f"{a:.1f}" if a is not None else "-" for a in (table["average"], table["avg_no_wnli"])]
+    avgs[1] = avgs[1] if "wnli" in tasks else "-"
     rows = [
         [name] + [_cell(v["metrics"]) for v in tasks.values()] + avgs,
         ["seed spread (max-min)"] + [f"{v['spread']:.1f}" for v in tasks.values()] + ["", ""],
@@ -250,15 +252,24 @@ def subset(data, n: int, seed: int = 0):
 
 
 # ------------------------------------------------------------------------------------------- running
-def fingerprint(opts: SuiteOptions) -> dict[str, Any]:
-    """What a result depends on besides its (task, lr, seed): a result of another model or recipe is not reused."""
+def fingerprint(opts: SuiteOptions, task: str) -> dict[str, Any]:
+    """What a result of `task` depends on besides its (lr, seed): a result of another model or recipe is not
+    reused. Files by their signature (size and time), not only their names: new weights at the same --model, an
+    edited TSV of the task or an edited config file make another recipe (another task's files do not)."""
+    from bertforge.runtime.io import files_signature
+
+    config = Path(opts.config) if opts.config else None
+    train, devs = glue.default_files(task, opts.glue_dir)
     return {
         "model": str(Path(opts.model).resolve()),
         "glue_dir": str(Path(opts.glue_dir).resolve()),
         "config": opts.config,
-        "overrides": list(opts.overrides),
+        "overrides": sorted(opts.overrides),  # their order changes nothing
         "epochs": opts.epochs,
         "max_train_examples": opts.max_train_examples,
+        "files": files_signature(
+            [Path(opts.model), train, *devs, *([config] if config is not None and config.is_file() else [])]
+        ),
     }
 
 
@@ -274,12 +285,17 @@ def read_result(path: Path, fp: dict[str, Any], overwrite: bool) -> dict[str, An
         rec = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
         return None  # written atomically, so only a hand-edited file gets here: run it again
-    if rec.get("fingerprint") != fp:
+    if not isinstance(rec, dict) or not isinstance(rec.get("metrics"), dict) or not {"lr", "seed"} <= rec.keys():
+        return None  # hand-edited too: not a result the table can use
+    if (old := rec.get("fingerprint")) != fp:
         if overwrite:
             return None
+        old = old if isinstance(old, dict) else {}
+        changed = [k for k in fp if old.get(k) != fp[k]] or ["recipe"]
+        what = ", ".join("the files' contents" if k == "files" else k for k in changed)
         raise UserError(
-            f"{path} is the result of another model or recipe ({rec.get('fingerprint')}); pass --overwrite to "
-            "re-run it, or choose another --output-dir"
+            f"{path} is the result of another model or recipe ({what} differ); pass --overwrite to re-run it, or "
+            "choose another --output-dir"
         )
     return rec
 
@@ -318,7 +334,7 @@ def run_one(opts: SuiteOptions, task: str, lr: float, seed: int, data, log: Call
         "train_rows": len(data.train) if data.train is not None else 0,
         "train_s": summary["train_s"],
         "wall_s": time.perf_counter() - t0,
-        "fingerprint": fingerprint(opts),
+        "fingerprint": fingerprint(opts, task),
     }
 
 
@@ -343,6 +359,17 @@ def run_suite(
         raise preempted(e, f"stopped the GLUE suite; {resume}") from None
 
 
+_SUITE_KEYS = {"train.output_dir": "--output-dir", "train.seed": "--seeds", "optim.lr": "--lrs"}
+"""Keys the suite sets for every run (`run_config`): a --set of one would be silently replaced."""
+
+
+def _check_overrides(opts: SuiteOptions) -> None:
+    for entry in opts.overrides:
+        key = entry.partition("=")[0].strip()
+        if key in _SUITE_KEYS and (key != "optim.lr" or opts.lrs):
+            raise UserError(f"--set {key} is the suite's to set for each run: use {_SUITE_KEYS[key]} instead")
+
+
 def preflight(opts: SuiteOptions, log: Callable[[str], None]) -> tuple[list[str], list[float], Any]:
     """Check every input of the grid before the first run: the seeds, each task's TSV files (read, then
     dropped: memory stays one file's), each (lr, seed)'s config, the model's config.json and tokenizer against
@@ -352,6 +379,7 @@ def preflight(opts: SuiteOptions, log: Callable[[str], None]) -> tuple[list[str]
 
     if not opts.seeds:
         raise UserError("--seeds: give at least one seed")
+    _check_overrides(opts)
     tasks = present_tasks(opts.glue_dir, opts.tasks, log)
     base = run_config(opts)
     lrs = list(opts.lrs) or [base.optim.lr]
@@ -382,10 +410,10 @@ def _model_config(model_dir: str):
 
 def _run_grid(opts: SuiteOptions, out: Path, log: Callable[[str], None], cache: FeatureCache | None) -> dict[str, Any]:
     tasks, lrs, base = preflight(opts, log)
-    fp = fingerprint(opts)
+    fps = {task: fingerprint(opts, task) for task in tasks}
     grid = [(task, lr, seed) for task in tasks for lr in lrs for seed in opts.seeds]
     # every result file before the first run: one of another recipe is refused now, not hours in
-    done = {key: read_result(result_path(out, *key), fp, opts.overwrite) for key in grid}
+    done = {key: read_result(result_path(out, *key), fps[key[0]], opts.overwrite) for key in grid}
     own_cache = cache is None
     cache = cache or FeatureCache()
     results, t0 = [], time.perf_counter()

@@ -276,3 +276,18 @@ def check_open_files(n: int) -> None:
             f"{n} shards need {n} files open at once and this process may open {soft} (`ulimit -n`): use fewer "
             "--shards/--eval-shards, or raise the limit"
         )
+
+
+def files_signature(tops: Iterable[Path]) -> str:
+    """Where, how large and how recent the files under `tops` (files or directories) are, as one short hash:
+    an output made from them is out of date once a file is added, replaced or edited, or when the same
+    relative path names other files. Stat only: nothing is read."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for top in tops:
+        for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
+            if f.is_file():
+                st = f.stat()
+                h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()[:16]

@@ -49,10 +49,13 @@ class Preemption:
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
+        if exc_type is None and self.signum:  # it came after the last step's check (the final evaluation, the
+            # summary): the run is complete, and the signal still stops the process, not the next run of a suite
+            raise self.stopped("it came after the last step; this run finished and is written, and nothing follows")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum == signum:  # the second one: the old behaviour, now
