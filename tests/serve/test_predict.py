@@ -53,3 +53,24 @@ def test_predict_jsonl_with_text_pair_on_some_rows(server, local, tmp_path, caps
     pair = local({"text": TEXTS[:1], "text_pair": PAIRS[:1]})["score"][0, 0]
     alone = local({"text": TEXTS[1:]})["score"][0, 0]  # the row without text_pair is scored alone
     np.testing.assert_allclose([got[0]["score"], got[1]["score"]], [pair, alone], atol=1e-4)
+
+
+def test_predict_sends_a_long_jsonl_in_requests_the_server_takes(server, local, tmp_path, capsys):
+    """All rows went out as one request: any file longer than the server's --max-batch (4 here, 16 by default)
+    was refused with a 400. Now --batch rows go per request, in order; too many is refused with the hint."""
+    texts = [f"Row number {i} of the file." for i in range(10)]
+    f = tmp_path / "rows.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    argv = ["predict", "--task", "classify", "--url", server["http"], "--jsonl", str(f)]
+    assert main([*argv, "--batch", "4"]) == 0
+    got = [json.loads(line)["score"] for line in capsys.readouterr().out.splitlines()]
+    np.testing.assert_allclose(got, local({"text": texts})["score"][:, 0], atol=1e-4)
+    assert main([*argv, "--batch", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch" in err and len(err.strip().splitlines()) == 1
+
+
+def test_predict_over_http_against_the_grpc_port_is_one_line(server, capsys):
+    assert main(["predict", "--task", "classify", "--text", "hi", "--url", server["grpc"]]) == 2
+    err = capsys.readouterr().err
+    assert "does not answer HTTP" in err and "--grpc" in err and len(err.strip().splitlines()) == 1

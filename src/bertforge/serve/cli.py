@@ -277,6 +277,8 @@ def serve_run(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------ predict
 def predict_add(p: argparse.ArgumentParser) -> None:
+    from bertforge.serve.server import ServeConfig
+
     p.add_argument("--task", required=True, choices=SERVE_TASKS)
     p.add_argument("--url", default="127.0.0.1:8000", help="server address host:port (HTTP, or gRPC with --grpc)")
     p.add_argument("--grpc", action="store_true", help="use gRPC instead of HTTP")
@@ -290,6 +292,12 @@ def predict_add(p: argparse.ArgumentParser) -> None:
         help="read rows from a JSON-lines file (keys: question+context | text [+text_pair]); '-' = stdin",
     )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=ServeConfig().max_batch,
+        help="rows per request (default: `bertforge serve`'s --max-batch, the most a server takes by default)",
+    )
 
 
 def predict_run(args: argparse.Namespace) -> int:
@@ -298,6 +306,8 @@ def predict_run(args: argparse.Namespace) -> int:
 
     if not 0 < args.timeout < math.inf:
         raise UserError(f"--timeout is in seconds; give a number > 0, not {args.timeout}")
+    if args.batch < 1:
+        raise UserError(f"--batch is rows per request; give a number >= 1, not {args.batch}")
     spec = TASKS[args.task]
     if args.jsonl:
         cols = read_jsonl(args.jsonl, args.task)
@@ -309,15 +319,25 @@ def predict_run(args: argparse.Namespace) -> int:
         raise UserError(f"task {args.task} needs --{' --'.join(m.replace('_', '-') for m in missing)} (or --jsonl)")
     from tritonclient.utils import InferenceServerException
 
+    n = len(next(iter(cols.values())))
     try:
         with Client(args.url, "grpc" if args.grpc else "http", timeout_s=args.timeout) as c:
-            out = c.infer(args.task, **cols)
+            # --batch rows per request: a server refuses more than its --max-batch (16 by default) in one
+            for start in range(0, n, args.batch):
+                part = {name: col[start : start + args.batch] for name, col in cols.items()}
+                for row in rows_as_json(args.task, c.infer(args.task, **part)):
+                    print(json.dumps(row, ensure_ascii=False), flush=True)
     except InferenceServerException as e:
-        raise UserError(f"server at {args.url} refused the request: {server_message(e)}") from None
+        hint = " (fewer rows per request: --batch)" if "batch-size must be" in str(e) else ""
+        raise UserError(f"server at {args.url} refused the request{hint}: {server_message(e)}") from None
     except (ConnectionError, OSError) as e:
         raise UserError(f"cannot reach a server at {args.url} ({e}); start one with `bertforge serve`") from None
-    for row in rows_as_json(args.task, out):
-        print(json.dumps(row, ensure_ascii=False))
+    except Exception as e:  # noqa: BLE001 - a port that answers something other than HTTP: the parser's error
+        if type(e).__name__ != "HTTPParseError":
+            raise
+        raise UserError(
+            f"{args.url} does not answer HTTP ({e}); is it the gRPC port? Add --grpc, or give the HTTP port"
+        ) from None
     return 0
 
 
