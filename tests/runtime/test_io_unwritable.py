@@ -68,3 +68,18 @@ def test_export_to_an_unwritable_out_is_one_line(tiny_encoder_factory, tmp_path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert f"bertforge export: error: cannot write {f / 'x'} (Not a directory)" in err
+
+
+def test_dead_temporaries_of_one_output_are_removed_and_nothing_else(tmp_path):
+    """A SIGTERM-killed `export` left `.OUT.tmp-PID` (the size of a model) that no later run removed."""
+    import os
+
+    from bertforge.runtime.io import remove_dead_temporaries
+
+    dead = 2**22 + 12345  # above any pid_max default: no such process
+    for name in (f".ex1.tmp-{dead}", f".ex1.tmp-{os.getpid()}", f".other.tmp-{dead}", f".ex10.tmp-{dead}"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in remove_dead_temporaries(tmp_path / "ex1")] == [f".ex1.tmp-{dead}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f".ex1.tmp-{os.getpid()}", f".other.tmp-{dead}", f".ex10.tmp-{dead}"]
+    )

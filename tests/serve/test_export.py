@@ -131,6 +131,13 @@ def test_export_never_replaces_what_is_not_ours(head_models, tmp_path, capsys, m
     marker = json.loads((empty / export.MARKER).read_text())
     assert marker["format"] == "hf" and marker["task"] == "classification"
     assert _export(model, empty) == 0
+    # files of the user's put into an earlier export since: they were deleted by the next export without a word
+    (empty / "RESULTS.md").write_text("my results")
+    assert _export(model, empty) == 2
+    err = capsys.readouterr().err
+    assert "also holds RESULTS.md" in err and len(err.strip().splitlines()) == 1
+    assert (empty / "RESULTS.md").read_text() == "my results"
+    assert _export(model, empty, "--force") == 0 and not (empty / "RESULTS.md").exists()
     assert _export(model, mine, "--force") == 0 and not (mine / "notes.txt").exists()
     assert _export(model, afile, "--force") == 0 and (afile / "config.json").is_file()
 

@@ -77,13 +77,18 @@ def test_well_formed_requests_pass(doc):
         ({"inputs": [_t(datatype="UINT8", data=[-1])]}, "must be non-negative integers"),
         ({"inputs": [_t(datatype="BOOL", data=[1])]}, "must be true or false"),
         ({"inputs": [_t()], "x": json.loads("[" * MAX_DEPTH + "]" * MAX_DEPTH)}, "nests more than"),
+        # Triton 2.51 crashed on this one (every model of the server gone), and answered 500 on the next two
+        ({"inputs": [_t()], "outputs": [{"name": "label", "parameters": {"classification": 1}}]}, "holds strings"),
+        ({"inputs": [_t(parameters={"shared_memory_byte_size": "4"})]}, "'shared_memory_byte_size' must be a non"),
+        ({"inputs": [_t()], "outputs": [{"name": "label", "parameters": {"shared_memory_region": 3}}]}, "a string"),
     ],
     ids=["list", "no inputs", "inputs a string", "input a number", "shape a string", "negative dim", "number",
          "nested null", "no datatype", "datatype a number", "no name", "name a number", "id a number", "id null",
          "outputs an object", "outputs strings", "output name a number", "parameters a list",
          "input parameters a list", "output parameters a list", "binary_data_output 1", "priority -1",
          "sequence_id 1.5", "classification a string", "shape booleans", "shape over uint64", "data a string",
-         "fp32 strings", "fp32 bool", "int64 float", "int64 over int64", "uint8 negative", "bool 1", "too deep"],
+         "fp32 strings", "fp32 bool", "int64 float", "int64 over int64", "uint8 negative", "bool 1", "too deep",
+         "classification of strings", "shared memory size a string", "shared memory region a number"],
 )  # fmt: skip
 def test_what_triton_would_answer_with_500_is_a_one_line_400(doc, words):
     with pytest.raises(Refusal, match=words) as e:

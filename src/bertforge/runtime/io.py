@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterable, Iterator
+from glob import escape as glob_escape
 from pathlib import Path
 
 from bertforge.errors import UserError
@@ -179,6 +180,29 @@ def remove_stale(directory: str | os.PathLike) -> int:
         _discard(p)
         n += 1
     return n
+
+
+def remove_dead_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries of `path` (`temp_name`'s `.NAME.tmp-PID` beside it) whose process is gone: what a
+    killed writer of that one output left. Others' temporaries in the same folder, and live ones, stay."""
+    p = Path(path)
+    gone = []
+    for tmp in p.parent.glob(f".{glob_escape(p.stem)}.tmp-*{glob_escape(p.suffix)}"):
+        pid = tmp.name[len(p.stem) + 6 :].removesuffix(p.suffix)
+        if pid.isdigit() and not _alive(int(pid)):
+            _discard(tmp)
+            gone.append(tmp)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 def delete_outputs(paths: Iterable[Path], out: Path, say=print, quiet: Iterable[str] = ()) -> None:

@@ -53,6 +53,16 @@ def export_add(p: argparse.ArgumentParser) -> None:
 
 
 def export_run(args: argparse.Namespace) -> int:
+    from bertforge.runtime.io import remove_dead_temporaries
+
+    # a SIGTERM-killed export used to leave a model-sized `.OUT.tmp-PID` beside --out that nothing removed:
+    # SIGTERM now unwinds as Ctrl-C does (the temporary goes), and those of dead runs go first
+    remove_dead_temporaries(args.out)
+    with sigterm_interrupts():
+        return _export(args)
+
+
+def _export(args: argparse.Namespace) -> int:
     from bertforge.serve import export
 
     if args.format == "hf":

@@ -181,6 +181,12 @@ def check_out(model_dir: Path, out: Path, force: bool) -> None:
             f"--out {out} is a non-empty directory that is not an earlier bertforge export; "
             "choose a new --out, or pass --force to replace it"
         )
+    if added := _added_since_export(out):
+        more = f" and {len(added) - 1} more" if len(added) > 1 else ""
+        raise UserError(
+            f"--out {out} is an earlier export that now also holds {added[0]}{more}, which the export did not "
+            "write: replacing it would delete them; move them away, choose a new --out, or pass --force"
+        )
 
 
 def _kind(path: Path) -> str | None:
@@ -202,8 +208,22 @@ def _kind(path: Path) -> str | None:
 
 
 def write_marker(tmp: Path, fmt: str, head: str, model_dir: Path) -> None:
-    info = {"format": fmt, "task": head, "source": str(model_dir.resolve())}
+    """Last in an export: what it is, and the files it wrote (a re-export replaces those, and nothing added)."""
+    files = sorted([*(p.name for p in tmp.iterdir()), MARKER])
+    info = {"format": fmt, "task": head, "source": str(model_dir.resolve()), "files": files}
     (tmp / MARKER).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+
+
+def _added_since_export(out: Path) -> list[str]:
+    """Names in an earlier export that it did not write (files of your own, put there since); [] for an export
+    from before the list was recorded."""
+    try:
+        listed = json.loads((out / MARKER).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(listed, list):
+        return []
+    return sorted(p.name for p in out.iterdir() if p.name not in listed)
 
 
 def load(

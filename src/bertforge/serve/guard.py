@@ -84,9 +84,15 @@ _REQUEST_PARAMETERS: dict[str, Check] = {
     "timeout": (_is_uint, "a non-negative integer"),
     "binary_data_output": (_is_bool, "true or false"),
 }
+_SHARED_MEMORY: dict[str, Check] = {
+    "shared_memory_region": (_is_str, "a string"),
+    "shared_memory_byte_size": (_is_uint, "a non-negative integer"),
+    "shared_memory_offset": (_is_uint, "a non-negative integer"),
+}
 _OUTPUT_PARAMETERS: dict[str, Check] = {
     "binary_data": (_is_bool, "true or false"),
     "classification": (_is_uint, "a non-negative integer"),
+    **_SHARED_MEMORY,
 }
 # the JSON type of each element of a tensor's `data`, by datatype (unknown datatypes: Triton's 400)
 _DATA: dict[str, Check] = {
@@ -96,6 +102,13 @@ _DATA: dict[str, Check] = {
     **{f"UINT{n}": (_is_uint, "non-negative integers") for n in (8, 16, 32, 64)},
     **{f"FP{n}": (_is_number, "numbers") for n in (16, 32, 64)},
 }
+
+
+def _string_outputs() -> set[str]:
+    """The names of the served tasks' BYTES outputs."""
+    from bertforge.serve.tasks import TASKS
+
+    return {io.name for spec in TASKS.values() for io in spec.outputs if io.dtype == "BYTES"}
 
 
 class Refusal(Exception):
@@ -125,6 +138,11 @@ def check_infer(doc: Any) -> None:
         raise Refusal(400, "'outputs' must be a list of objects with a string 'name'")
     for o in outputs:
         _check_parameters(o, f"output {o['name']!r}", _OUTPUT_PARAMETERS)
+        if "classification" in o.get("parameters", {}) and o["name"] in _string_outputs():
+            # Triton 2.51 asked to classify a BYTES output crashes (the whole server, every model): refused here
+            raise Refusal(
+                400, f"output {o['name']!r} holds strings; the classification extension needs a numeric output"
+            )
 
 
 def _check_input(t: dict[str, Any]) -> None:
@@ -135,7 +153,7 @@ def _check_input(t: dict[str, Any]) -> None:
         raise Refusal(400, f"input {name!r} needs a string 'datatype' (BYTES, FP32, INT64, ...)")
     if not isinstance(t.get("shape"), list) or not all(_is_uint(d) for d in t["shape"]):
         raise Refusal(400, f"input {name!r}: 'shape' must be a list of non-negative integers")
-    _check_parameters(t, f"input {name!r}", {})
+    _check_parameters(t, f"input {name!r}", _SHARED_MEMORY)
     if "data" not in t:
         return  # binary or shared-memory data: Triton checks which one is set
     if not isinstance(t["data"], list):
