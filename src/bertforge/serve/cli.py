@@ -277,12 +277,13 @@ def serve_run(args: argparse.Namespace) -> int:
         print(f"bertforge serve: access token {server.access_token(running)}", flush=True)
     try:
         with sigterm_interrupts():  # SIGTERM stops Triton as Ctrl-C does (no orphaned tritonserver)
-            running.serve()
+            running.serve()  # returns only when Triton is gone
+        print("bertforge serve: error: the inference server stopped on its own (its log is above)", file=sys.stderr)
+        return 1  # not 0: a supervisor restarts it
     except KeyboardInterrupt:
-        pass
+        return 0
     finally:
         running.stop()
-    return 0
 
 
 # ------------------------------------------------------------------------------------------------ predict

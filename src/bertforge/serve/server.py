@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import sysconfig
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -284,11 +285,16 @@ class Server:
     """The running `pytriton.triton.Triton`."""
     guard: HttpGuard | None
 
-    def serve(self) -> None:
-        """Block until interrupted (Ctrl-C, or SIGTERM turned into KeyboardInterrupt by the caller)."""
-        self.triton.serve()
+    def serve(self, period_s: float = 1.0) -> None:
+        """Block until interrupted (Ctrl-C, or SIGTERM turned into KeyboardInterrupt by the caller: it propagates)
+        or until Triton is no longer alive (returns: the caller says so). Not PyTriton's `serve()`: that catches
+        the interrupt and stops Triton while the guard still holds a connection to it, so Triton waited out its
+        exit timeout and reported a failed stop."""
+        while self.triton.is_alive():
+            time.sleep(period_s)
 
     def stop(self) -> None:
+        """The guard first (its connections to Triton closed), then Triton."""
         if self.guard is not None:
             self.guard.stop()
         self.triton.stop()
