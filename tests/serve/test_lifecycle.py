@@ -50,3 +50,33 @@ def test_triton_dying_under_serve_is_exit_1_with_one_line(stsb, serving, tmp_pat
         assert _wait(srv["proc"], 60) == 1
     log = (tmp_path / "serve.log").read_text(errors="replace")
     assert "the inference server stopped on its own" in log, json.dumps(log[-2000:])
+
+
+def test_an_interrupt_while_triton_starts_stops_what_started(monkeypatch):
+    """SIGTERM while models loaded left tritonserver and its stubs running, ports bound: `start` stopped Triton
+    on an Exception only, and SIGTERM was not turned into one there."""
+    import pytriton.triton
+
+    from bertforge.runtime.signals import Terminated
+    from bertforge.serve import server
+
+    stopped = []
+
+    class Starting:
+        def __init__(self, **kwargs):
+            pass
+
+        def bind(self, **kwargs):
+            pass
+
+        def run(self):
+            raise Terminated
+
+        def stop(self):
+            stopped.append(True)
+
+    monkeypatch.setattr(pytriton.triton, "Triton", Starting)
+    monkeypatch.setattr(server, "ensure_libpython", lambda: None)
+    with pytest.raises(Terminated):
+        server.start([], server.ServeConfig(http_guard=False))
+    assert stopped == [True]

@@ -265,7 +265,8 @@ def serve_run(args: argparse.Namespace) -> int:
     if args.warmup:
         for _, p in predictors:
             p.warmup(rows=cfg.max_batch)
-    running = server.start(predictors, cfg)
+    with sigterm_interrupts():  # SIGTERM while Triton starts: `start` stops what it started (no orphans)
+        running = server.start(predictors, cfg)
     names = ", ".join(server.TASKS[t].model_name for t in args.task)
     batching = f"dynamic, max {cfg.max_batch} rows, {cfg.max_queue_delay_us} us" if cfg.dynamic_batching else "off"
     print(

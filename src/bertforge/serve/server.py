@@ -341,7 +341,7 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
         triton.run()
         guard = HttpGuard(cfg.host, cfg.http_port, tc.http_port, cfg.max_body_bytes) if cfg.http_guard else None
         return Server(triton, guard)
-    except Exception:
+    except BaseException:  # Ctrl-C or SIGTERM (`sigterm_interrupts`) while starting too: no tritonserver left behind
         triton.stop()
         raise
 
