@@ -134,6 +134,14 @@ def test_present_tasks_skips_tasks_without_training_file(tmp_path):
     assert any("qnli" in s and "train.tsv" in s for s in said)
     with pytest.raises(UserError, match="not GLUE tasks"):
         suite.present_tasks(root, ["sst"])
+    # a task asked for by name that lacks a file: an error, not a skip after the others ran
+    with pytest.raises(UserError, match="--tasks qnli: .*QNLI lacks train.tsv"):
+        suite.present_tasks(root, ["qnli", "rte"])
+    # a folder of another name (Hugging Face's lower-case sst2/) is said, not silently left out
+    (root / "sst2").mkdir()
+    said.clear()
+    assert suite.present_tasks(root, (), said.append) == ["sst2", "rte"]
+    assert any("ignoring sst2/" in s for s in said)
 
 
 # ------------------------------------------------------------------------------------------- end to end

@@ -90,11 +90,16 @@ def present_tasks(glue_dir: str | Path, only: Sequence[str] = (), say: Callable[
             continue
         train, devs = glue.default_files(task, glue_dir)
         missing = [p.name for p in (train, *devs) if not p.is_file()]
+        if missing and task in only:  # asked for by name: not a quiet skip after the other tasks ran
+            raise UserError(f"--tasks {task}: {Path(glue_dir) / glue.get_task(task).dir} lacks {', '.join(missing)}")
         if missing:
-            if (Path(glue_dir) / glue.get_task(task).dir).is_dir() or task in only:
+            if (Path(glue_dir) / glue.get_task(task).dir).is_dir():
                 say(f"glue suite: skipping {task}: {glue.get_task(task).dir}/ lacks {', '.join(missing)}")
             continue
         found.append(task)
+    known = {glue.get_task(t).dir for t in GLUE_ORDER}
+    for other in sorted(p.name for p in Path(glue_dir).iterdir() if p.is_dir() and p.name not in known):
+        say(f"glue suite: ignoring {other}/ (GLUE's folders are named {', '.join(sorted(known))})")
     if not found:
         raise UserError(f"--glue-dir {glue_dir}: no GLUE task with its train.tsv and dev file(s) there")
     return found
