@@ -100,3 +100,16 @@ def test_the_table_holds_each_handler_pair_once():
     for cmd in cli.COMMANDS:  # `info` -> info_add / info_run: the table names the handlers, no strings
         assert cmd.add.__name__.endswith("_add") and cmd.run.__name__.endswith("_run")
         assert cmd.add.__module__ == cmd.run.__module__ and cmd.add.__name__[:-4] == cmd.run.__name__[:-4]
+
+
+def test_ctrl_c_while_the_parser_loads_is_one_line(monkeypatch, capsys):
+    """Ctrl-C in the first seconds (torch importing while the parser is built) was a KeyboardInterrupt
+    traceback through the import machinery."""
+    from bertforge import cli
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["pretrain", "--config", "x"]) == 130
+    assert capsys.readouterr().err == "bertforge pretrain: interrupted\n"

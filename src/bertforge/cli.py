@@ -128,7 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     names = {c.name for c in COMMANDS}
     selected = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(selected if selected in names else None)
+    try:
+        parser = build_parser(selected if selected in names else None)  # imports torch: seconds
+    except KeyboardInterrupt:  # Ctrl-C while it loads: one line, as later, not an import's traceback
+        print(f"bertforge {selected}: interrupted" if selected else "bertforge: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     if not argv:
         parser.print_help()
         return 0
