@@ -224,12 +224,8 @@ def _read_na_probs(path: str) -> dict[str, float]:
     return {qid: float(v) for qid, v in raw.items()}
 
 
-def _question_ids(data: list) -> list[str]:
-    return [qa["id"] for article in data for para in article["paragraphs"] for qa in para["qas"]]
-
-
 def score_run(args: argparse.Namespace) -> int:
-    from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
+    from bertforge.finetune.metrics import iter_questions, squad_v1_scores, squad_v2_scores
     from bertforge.finetune.squad import read_squad
 
     _, data = read_squad(args.data, scoring=True, v1=args.task == "squad")  # checks every field the metric reads
@@ -249,7 +245,7 @@ def score_run(args: argparse.Namespace) -> int:
         shown = {"exact_match": out["exact_match"], "f1": out["f1"]}  # what evaluate-v1.1.py prints
     else:
         na = _read_na_probs(args.na_probs) if args.na_probs else None
-        if na is not None and (lacking := [qid for qid in _question_ids(data) if qid not in na]):
+        if na is not None and (lacking := [qa["id"] for qa in iter_questions(data) if qa["id"] not in na]):
             # evaluate-v2.0.py stops with a KeyError here; scoring them as 0 would skew the threshold search
             raise UserError(
                 f"--na-probs {args.na_probs} has no score for {len(lacking)} question(s), e.g. {lacking[0]!r}: "

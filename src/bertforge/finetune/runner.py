@@ -849,11 +849,10 @@ def _train_or_evaluate(s: Session) -> dict[str, Any]:
             if s.info.is_main:  # nothing trained: nothing to save
                 s.best = {"epoch": 0, **evaluate(s, 0)}
                 s.history.append(s.best)
-        else:
-            with Preemption() as preempt:  # finish inside: a signal during the final evaluation still stops
-                train(s, preempt)
-                return finish(s)
-        return finish(s)
+            return finish(s)
+        with Preemption() as preempt:  # finish inside: a signal during the final evaluation still stops
+            train(s, preempt)
+            return finish(s)
     finally:
         s.logger.close()
         # DDP's reducer goes before its process group: freed after it, gloo can block the process at exit

@@ -445,7 +445,7 @@ def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: boo
     saved = found.meta().get("config")
     if not isinstance(saved, dict):
         return  # nothing recorded to compare with
-    if (name := _optimizer_of(saved)) not in (None, cfg.optim.name):
+    if (name := _recorded(saved, "optim.name")) not in (None, cfg.optim.name):
         raise UserError(
             f"--resume: checkpoint {found.path} holds {name}'s state, and optim.name is now {cfg.optim.name}: "
             f"set optim.name={name} to continue the run, or start a new phase from it with "
@@ -475,8 +475,7 @@ def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: boo
 def _check_objective(cfg: PretrainConfig, found: ckpt.Checkpoint) -> None:
     """A checkpoint of the other objective has other heads (NSP's or none) and optimizer groups: one line
     before loading, not a size mismatch inside torch."""
-    saved = found.meta().get("config")
-    objective = ((saved.get("train") or {}) if isinstance(saved, dict) else {}).get("objective")
+    objective = _recorded(found.meta().get("config"), "train.objective")
     if objective and objective != cfg.train.objective:
         raise UserError(
             f"checkpoint {found.path} was trained with train.objective={objective}, and this run has "
@@ -528,7 +527,7 @@ def restore(
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix)
         prev = TrainState(**saved["train_state"])
-        if (name := _optimizer_of(src.meta().get("config"))) in (None, cfg.optim.name):
+        if (name := _recorded(src.meta().get("config"), "optim.name")) in (None, cfg.optim.name):
             _load_optimizer(optimizer, saved["optimizer"])
             _reset_optimizer_step(optimizer)
             _log0(info, f"phase {prev.phase + 1} from {src.path}: weights and optimizer moments loaded, step reset")
@@ -681,8 +680,7 @@ def _announce(run: Run) -> None:
         f"pretrain phase {state.phase}: {model_name(cfg, run.bert_cfg)} ({n_params:.1f}M params) on "
         f"{info.world_size} x {run.device} in {run.precision}; global batch {t.global_batch_size} = "
         f"{t.micro_batch_size} x {info.world_size} ranks x {run.loader.accum} accumulation; {run.loader.kind} "
-        "shards; step: "
-        f"{step_kind(t, cfg.optim)}",
+        f"shards; step: {step_kind(t, cfg.optim)}",
     )
 
 
@@ -1082,11 +1080,12 @@ def _check_shape(ours, model_dir: Path) -> None:
         )
 
 
-def _optimizer_of(saved: Any) -> str | None:
-    """The optimizer whose state a checkpoint holds: its run's optim.name in `saved` (the config its meta.json
-    recorded), None where it recorded none."""
-    name = ((saved.get("optim") or {}) if isinstance(saved, dict) else {}).get("name")
-    return name if isinstance(name, str) else None
+def _recorded(saved: Any, key: str) -> str | None:
+    """A string setting ("optim.name": whose optimizer state a checkpoint holds; "train.objective": its heads) of
+    `saved`, the config a checkpoint's meta.json recorded; None where it recorded none."""
+    section, name = key.split(".")
+    value = ((saved.get(section) or {}) if isinstance(saved, dict) else {}).get(name)
+    return value if isinstance(value, str) else None
 
 
 def _reset_optimizer_step(optimizer: torch.optim.Optimizer) -> None:
