@@ -92,6 +92,24 @@ def test_qa_answer_is_the_best_span_over_windows(preds):
     assert score == pytest.approx(best, abs=1e-4)
 
 
+def test_qa_windows_go_to_the_model_at_most_call_rows_at_a_time(preds, monkeypatch):
+    """A long context's windows, from several requests' rows, are run in calls of at most `call_rows` rows (the
+    server's max_batch): the same answers as in one call, with a bounded batch however long the context."""
+    p = preds["qa"]
+    contexts = [" ".join(f"Fact {i}: river {i} is {i * k} km long." for i in range(20)) for k in (3, 7)]
+    req = {"question": ["How long is river 5?", "How long is river 9?"], "context": contexts}
+    monkeypatch.setattr(p, "call_rows", 10**6)
+    whole = p(req)
+    calls: list[int] = []
+    forward = p._forward
+    monkeypatch.setattr(p, "_forward", lambda rows, types: calls.append(len(rows)) or forward(rows, types))
+    monkeypatch.setattr(p, "call_rows", 3)
+    split = p(req)
+    assert sum(calls) > 6 and max(calls) == 3
+    assert split["answer"].tolist() == whole["answer"].tolist()
+    np.testing.assert_allclose(split["score"], whole["score"], atol=1e-4)
+
+
 def test_request_validation(preds):
     with pytest.raises(RequestError, match="row 1 is empty"):
         decode_strings("text", np.array([[b"ok"], [b" "]], dtype=object))

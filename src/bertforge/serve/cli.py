@@ -258,6 +258,7 @@ def serve_run(args: argparse.Namespace) -> int:
                 args.device,
                 fit_seq_len="max_seq_len" not in args,
                 pooling=None if args.pooling == "auto" else args.pooling,
+                call_rows=cfg.max_batch,
             ),
         )
         for m, t in zip(args.model, args.task)

@@ -241,6 +241,7 @@ class Predictor:
         precision: str = "fp32",
         pooling: str = "mean",
         regression: bool = False,
+        call_rows: int = 16,
     ):
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -263,6 +264,11 @@ class Predictor:
         if pooling not in POOLINGS:
             raise UserError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
         self.pooling = pooling
+        if call_rows < 1:
+            raise UserError(f"rows per model call must be at least 1, not {call_rows}")
+        # QA's windows go to the model this many at a time: a 64 KB context is ~250 windows, in one call a
+        # dynamic batch of such requests would hold thousands of rows' activations at once
+        self.call_rows = call_rows
         # bf16 autocast halves the matmul time on CPUs with native bf16 (and on GPUs); outputs stay fp32
         self.device = next(model.parameters()).device
         self.precision = dev.resolve_precision(precision, self.device)
@@ -283,11 +289,13 @@ class Predictor:
         device: str = "cpu",
         fit_seq_len: bool = False,
         pooling: str | None = None,
+        call_rows: int = 16,
     ) -> Predictor:
         """The model of a Hugging Face directory on `device` (a `bertforge.device.resolve_device` spec: auto, cpu,
         cuda[:N], ...). `fit_seq_len`: lower `limits.max_seq_len` to the model's positions when it has fewer
         (`bertforge serve` without `--max-seq-len`), and for `embed` to a sentence-transformers model's own
-        max_seq_length. `pooling` (embed): None takes the model's own pooling config, else mean."""
+        max_seq_length. `pooling` (embed): None takes the model's own pooling config, else mean. `call_rows`: most
+        rows per model call (the server's max_batch), which bounds QA's windows per call."""
         from bertforge.model.hf_interop import label_names_of
         from bertforge.serve.export import is_regression, load, num_labels_from, read_config
 
@@ -322,6 +330,7 @@ class Predictor:
             precision=precision,
             pooling=pooling or own_pooling or "mean",
             regression=regression,
+            call_rows=call_rows,
         )
 
     # ---------------------------------------------------------------- shared
@@ -527,14 +536,19 @@ class Predictor:
             doc_stride=lim.doc_stride,
             max_query_len=lim.max_query_length,
         )
-        out = self._forward([f.tolist() for f in feats.input_ids], [t.tolist() for t in feats.token_type_ids])
-        start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()  # (F, T)
-        n = feats.lengths
+        ids, types, n = [f.tolist() for f in feats.input_ids], [t.tolist() for t in feats.token_type_ids], feats.lengths
+        starts: list[np.ndarray] = []
+        ends: list[np.ndarray] = []
+        for i in range(0, len(ids), self.call_rows):  # bounded memory however many windows the rows make
+            out = self._forward(ids[i : i + self.call_rows], types[i : i + self.call_rows])
+            start, end = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()  # (f, T)
+            starts += [s[:k] for s, k in zip(start, n[i : i + self.call_rows])]
+            ends += [e[:k] for e, k in zip(end, n[i : i + self.call_rows])]
         _, nbest, _ = postprocess(
             examples,
             feats,
-            [s[:k] for s, k in zip(start, n)],
-            [e[:k] for e, k in zip(end, n)],
+            starts,
+            ends,
             n_best=lim.n_best_size,
             max_answer_len=lim.max_answer_length,
         )
