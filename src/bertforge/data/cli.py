@@ -58,7 +58,9 @@ def data_add(p: argparse.ArgumentParser) -> None:
     s.add_argument("--seq-len", type=int, default=128, help="max_seq_length")
     s.add_argument("--max-pred", type=int, default=20, help="max_predictions_per_seq")
     s.add_argument("--masked-lm-prob", type=float, default=0.15, help="fraction of tokens masked")
-    s.add_argument("--short-seq-prob", type=float, default=0.1, help="fraction of shorter sequences")
+    s.add_argument(
+        "--short-seq-prob", type=float, help="fraction of shorter sentence pairs (default 0.1; mlm_nsp only)"
+    )
     s.add_argument("--dupe-factor", type=int, default=10, help="maskings of each document")
     s.add_argument("--shards", type=int, default=16, help="number of training shards")
     s.add_argument("--seed", type=int, default=12345, help="random seed")
@@ -161,12 +163,17 @@ def _data_step(args: argparse.Namespace) -> int:
         from bertforge.data.config import ShardsConfig
 
         _check_eval_options(args.eval_fraction, args.eval_out)
+        if args.objective == "mlm" and args.short_seq_prob is not None:
+            raise UserError(
+                "--short-seq-prob shortens sentence pairs (--objective mlm_nsp); MLM-only rows are full rows, so it "
+                "would be ignored: drop it"
+            )
 
         params = ShardsConfig(
             seq_len=args.seq_len,
             max_pred=args.max_pred,
             masked_lm_prob=args.masked_lm_prob,
-            short_seq_prob=args.short_seq_prob,
+            short_seq_prob=ShardsConfig.short_seq_prob if args.short_seq_prob is None else args.short_seq_prob,
             dupe_factor=args.dupe_factor,
             num_shards=args.shards,
             seed=args.seed,
