@@ -188,6 +188,20 @@ def test_suite_crash_then_resume(encoder, tmp_path, monkeypatch, capsys):
     md = (out / "glue_results.md").read_text()
     assert "MNLI (m/mm acc)" in md and "STS-B (P/S corr)" in md
     assert (out / "glue_results.png").read_bytes()[:4] == b"\x89PNG"
+    # a re-run of one task rewrites the table: it keeps the other tasks' results of the same recipe and grid
+    calls.clear()
+    capsys.readouterr()
+    assert main([*argv, "--tasks", "stsb"]) == 0
+    assert calls == []
+    assert list(json.loads((out / "glue_results.json").read_text())["tasks"]) == ["sst2", "stsb", "mnli"]
+    assert "the table keeps mnli from the earlier runs" in capsys.readouterr().out
+    # ... as the grid asked for now: the other tasks' medians are over the seeds this command names
+    assert main([*argv, "--tasks", "stsb", "--seeds", "1"]) == 0 and calls == []
+    assert json.loads((out / "glue_results.json").read_text())["tasks"]["sst2"]["seeds"] == [1]
+    capsys.readouterr()
+    assert main([*argv, "--tasks", "stsb", "--seeds", "1,3"]) == 0 and calls == ["stsb"]
+    assert list(json.loads((out / "glue_results.json").read_text())["tasks"]) == ["stsb"]
+    assert "the table leaves sst2 out: 1 of its 2 runs of this grid" in capsys.readouterr().out
 
 
 def test_features_are_tokenized_once_per_task(encoder, tmp_path, monkeypatch):

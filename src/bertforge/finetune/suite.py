@@ -435,10 +435,34 @@ def _run_grid(opts: SuiteOptions, out: Path, log: Callable[[str], None], cache: 
         results.append(rec)
         if own_cache and lr == lrs[-1] and seed == opts.seeds[-1]:
             cache.drop(task)  # this task's rows are not needed again
+    results += _earlier_tasks(opts, out, tasks, lrs, log) if opts.tasks else []
     table = aggregate(results)
     table.update(model=opts.model, seeds=list(opts.seeds), lrs=lrs, wall_s=time.perf_counter() - t0)
     write_outputs(out, results, table)
     return table
+
+
+def _earlier_tasks(
+    opts: SuiteOptions, out: Path, ran: Sequence[str], lrs: Sequence[float], log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """With --tasks, the other present tasks' results of this same recipe and grid, so that the table a partial
+    re-run rewrites still holds them; a task with any run of the grid missing or of another recipe is left out."""
+    found: list[dict[str, Any]] = []
+    for task in present_tasks(opts.glue_dir, (), lambda _: None):
+        if task in ran:
+            continue
+        fp = fingerprint(opts, task)
+        recs = [read_result(result_path(out, task, lr, seed), fp, overwrite=True) for lr in lrs for seed in opts.seeds]
+        have = [r for r in recs if r is not None]
+        if len(have) == len(recs):
+            log(f"glue suite: the table keeps {task} from the earlier runs in {out / 'results' / task}")
+            found += have
+        elif have:
+            log(
+                f"glue suite: the table leaves {task} out: {len(have)} of its {len(recs)} runs of this grid and "
+                f"recipe are done (add it to --tasks to run the rest)"
+            )
+    return found
 
 
 def write_outputs(out: Path, results: Sequence[dict[str, Any]], table: dict[str, Any]) -> None:
