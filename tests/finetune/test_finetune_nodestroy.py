@@ -27,7 +27,15 @@ def test_an_earlier_best_is_refused_unless_same_run_or_overwrite(encoder, finetu
     origin = json.loads((out / "best" / "bertforge_finetune.json").read_text())
     assert origin == {"task": "sst2", "model": str(encoder.resolve())}
     capsys.readouterr()
-    # the same task and model again: allowed, and said
+    # the same task and model again over a finished run: refused, its records kept (a re-run emptied its
+    # metrics.jsonl and replaced best/, even when that was the better model)
+    log = (out / "metrics.jsonl").read_bytes()
+    assert main(finetune_argv(encoder, tmp_path, out, "sst2", "train.epochs=1")) == 2
+    err = capsys.readouterr().err
+    assert "holds a finished run of this fine-tune (best/, metrics.jsonl, summary.json); pass --overwrite" in err
+    assert (out / "metrics.jsonl").read_bytes() == log
+    # ... over one that did not finish (a crash, a stop: no summary.json): it runs again, and says so
+    (out / "summary.json").unlink()
     assert main(finetune_argv(encoder, tmp_path, out, "sst2", "train.epochs=1")) == 0
     assert f"replacing the earlier run's {out / 'best'}" in capsys.readouterr().out
     # another task into the same directory: refused, best/ untouched

@@ -469,13 +469,21 @@ def run_records(out_dir: Path) -> list[Path]:
 def check_output_dir(run: FinetuneRun, out_dir: Path) -> None:
     """Refuse an output_dir holding another run's records (fine-tuning of another task or model, or with(out)
     --eval-only; pre-training; unknown) unless `run.overwrite`, which `claim_output_dir` carries out once every
-    check has passed. The same fine-tune again goes ahead: fine-tuning does not resume, it runs again."""
+    check has passed. The same fine-tune again goes ahead where the earlier one did not finish (fine-tuning does
+    not resume, it runs again); a finished one (its summary.json) is kept unless `run.overwrite`. The same
+    --eval-only evaluation again goes ahead: it trains nothing, and writes the same records again."""
     _check_model_outside(run, out_dir)
     held = run_records(out_dir)
     earlier = _earlier_record(out_dir)
-    if not held or run.overwrite or earlier == _record(run):
-        return  # the same fine-tune again: keep_best says when it replaces best/
+    again = run.eval_only or not (out_dir / "summary.json").exists()
+    if not held or run.overwrite or (earlier == _record(run) and again):
+        return  # the same fine-tune again after a crash or a stop: keep_best says when it replaces best/
     names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in held if p.name != ORIGIN_FILE)
+    if earlier == _record(run):
+        raise UserError(
+            f"train.output_dir {out_dir} holds a finished run of this fine-tune ({names}); pass --overwrite to "
+            "replace it, or choose another --output-dir"
+        )
     if isinstance(earlier, dict):
         what = f"fine-tuning: task {earlier.get('task')}, model {earlier.get('model')}"
         what += ", --eval-only" if earlier.get("eval_only") else ""
