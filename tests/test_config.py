@@ -88,6 +88,54 @@ def test_invalid_yaml_is_one_line_with_where(tmp_path):
     one_line(str(e.value), path, "is not valid YAML", "at line 2, column 1")
 
 
+@pytest.mark.parametrize("value", ["2024_01", "0123", "12:30", "1.10", "on", "runs/my run #2", "@x", "'a b'", "*x"])
+def test_a_text_setting_takes_the_text_as_written(value):
+    """YAML turned `--set train.output_dir=0123` into '83' and cut at a #, and `@x` was a traceback."""
+    cfg = C.load_config("pretrain", "demo_tiny_128", [f"train.output_dir={value}"])
+    assert cfg.train.output_dir == ("a b" if value == "'a b'" else value)  # quotes still quote
+
+
+def test_an_override_that_is_not_yaml_and_unquoted_yaml_text_in_a_file_are_one_line(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        C.load_config("pretrain", "demo_tiny_128", ["train.max_steps=@5"])
+    one_line(str(e.value), "--set train.max_steps: '@5' is not a YAML value", "quote it")
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  output_dir: 0755\n")
+    with pytest.raises(ConfigError) as e:
+        C.load_config("pretrain", str(path))
+    one_line(str(e.value), "train.output_dir: YAML reads 493 as an int, not as text; quote it", path)
+    path.write_text("train:\n  output_dir: '0755'\n")
+    assert C.load_config("pretrain", str(path)).train.output_dir == "0755"
+
+
+@pytest.mark.parametrize(
+    "sets,message",
+    [
+        (["optim.decay=0.5"], "optim.decay and optim.decay_shape shape the wsd schedule's final decay"),
+        (["optim.decay_shape=1-sqrt"], "which would ignore them: set optim.schedule=wsd"),
+        (["data.synthetic_seq_len=512", "data.synthetic_pack=3"], "data.synthetic_seq_len, data.synthetic_pack"),
+        (["model.preset=modernbert-tiny", "model.global_rope_theta=-1"], "global_rope_theta is a rotary base"),
+        (["model.preset=modernbert-tiny", "model.global_rope_theta=.nan"], "global_rope_theta is a rotary base"),
+    ],
+)
+def test_settings_the_run_would_ignore_or_die_on_are_refused(sets, message):
+    """WSD's decay keys under another schedule and data.synthetic_* with shards were accepted and ignored; a
+    negative rotary base trained 20 non-finite steps, then advised a lower learning rate."""
+    with pytest.raises(ConfigError) as e:
+        C.load_config("pretrain", "demo_tiny_128", sets)
+    one_line(str(e.value), message)
+    C.load_config("pretrain", "demo_tiny_128", ["optim.schedule=wsd", "optim.decay=0.5", "optim.decay_shape=1-sqrt"])
+
+
+def test_a_key_given_twice_in_a_file_is_refused(tmp_path):
+    """PyYAML keeps the last of two `train:` blocks: the first one's settings were dropped without a word."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("train: {max_steps: 10}\ntrain: {seed: 3}\n")
+    with pytest.raises(ConfigError) as e:
+        C.load_config("pretrain", str(path))
+    one_line(str(e.value), path, "is not valid YAML", "key 'train' is given twice (line 2)")
+
+
 def test_fp8_refuses_unpadding_before_the_run():
     """torch._scaled_mm needs token counts in multiples of 16: unpadded steps would fail at their first backward."""
     with pytest.raises(ConfigError, match=r"train.fp8.*train.attention=varlen.*use train.attention=auto"):

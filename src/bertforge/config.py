@@ -79,6 +79,10 @@ class ModelConfig:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {rate}")
         if self.global_rope_theta is not None and MODEL_PRESETS[self.preset].model_type != "modernbert":
             raise ConfigError(f"model.global_rope_theta applies to the modernbert-* presets, not {self.preset!r}")
+        if self.global_rope_theta is not None and not 0 < self.global_rope_theta < math.inf:
+            raise ConfigError(
+                f"model.global_rope_theta is a rotary base: a finite number > 0, got {self.global_rope_theta}"
+            )
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"model.vocab_size must be at least 8, got {self.vocab_size}")
 
@@ -268,6 +272,11 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if self.decay_shape not in DECAY_SHAPES:
             raise ConfigError(f"optim.decay_shape must be {' or '.join(DECAY_SHAPES)}, not {self.decay_shape!r}")
+        if self.schedule != "wsd" and (self.decay, self.decay_shape) != (OptimConfig.decay, OptimConfig.decay_shape):
+            raise ConfigError(
+                f"optim.decay and optim.decay_shape shape the wsd schedule's final decay; optim.schedule is "
+                f"{self.schedule!r}, which would ignore them: set optim.schedule=wsd or leave them out"
+            )
         if self.schedule == "wsd" and not (0.0 <= self.decay <= 1.0 and self.warmup + self.decay <= 1.0):
             raise ConfigError(
                 f"optim.decay {self.decay} with optim.warmup {self.warmup}: the decay is a fraction of the "
@@ -403,6 +412,37 @@ def find_preset(kind: str, name_or_path: str | Path) -> Path:
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently: a second
+    `train:` block dropped the first one's settings)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (line {key_node.start_mark.line + 1})", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path: Path, what: str, fix: str) -> Any:
+    """A YAML file's data (None for an empty one), or a ConfigError naming `what` (e.g. "config file x.yaml"):
+    not YAML, a key given twice, not text, unreadable; `fix` says what to do about a file that is not YAML."""
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} is not valid YAML: {first_line(e)}; {fix}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} is not text (byte {e.start} is not UTF-8); {fix}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} is a directory; pass a YAML file") from None
+    except OSError as e:
+        raise ConfigError(f"{what} cannot be read ({e.strerror}); check its permissions") from None
+
+
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
@@ -415,6 +455,9 @@ def _strip_optional(tp: Any) -> tuple[Any, bool]:
 def _is_section(tp: Any) -> TypeGuard[type]:
     """A field type that is a nested config class (a dataclass class, never an instance)."""
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+_KINDS = {bool: "a yes/no", int: "an int", float: "a float"}
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -452,7 +495,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if tp is str:
             if isinstance(value, (dict, list)):
                 raise ValueError
-            return str(value)
+            if not isinstance(value, str):  # YAML's reading of unquoted text: 0755 -> 493, 1.10 -> 1.1, on -> True
+                raise ConfigError(
+                    f"{key}: YAML reads {value!r} as {_KINDS.get(type(value), 'a value')}, not as text; quote it "
+                    "to keep it as written"
+                )
+            return value
         if origin in (list, tuple):
             (item_tp, *rest) = typing.get_args(tp) or (Any,)
             if isinstance(value, str):
@@ -470,6 +518,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return dict(value)
         if tp is Any:
             return value
+    except ConfigError:
+        raise
     except (ValueError, TypeError):
         name = getattr(tp, "__name__", str(tp))
         raise ConfigError(f"{key}: expected {name}, got {value!r}") from None
@@ -504,7 +554,7 @@ def _set_path(data: dict[str, Any], cls: type, dotted: str, raw: str) -> None:
         if i == len(parts) - 1:
             if _is_section(tp):
                 raise ConfigError(f"--set {dotted}: {prefix + part!r} is a section; set one of its keys")
-            node[part] = yaml.safe_load(raw) if raw.strip() else ""
+            node[part] = _override_value(dotted, raw, tp)
             return
         if not _is_section(tp):
             raise ConfigError(f"--set {dotted}: {prefix + part!r} is a value, not a section")
@@ -512,6 +562,21 @@ def _set_path(data: dict[str, Any], cls: type, dotted: str, raw: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError(f"--set {dotted}: {prefix + part!r} is not a mapping in the config file")
         node_cls, prefix = tp, prefix + part + "."
+
+
+def _override_value(dotted: str, raw: str, tp: Any) -> Any:
+    """An override's value: a text field takes the text as written (YAML would turn 0123 into 83 and cut at a
+    #), unless quoted; any other field reads it as YAML (numbers, bools, lists, null)."""
+    text = raw.strip()
+    quoted = len(text) > 1 and text[0] == text[-1] and text[0] in "'\""
+    if tp is str and not quoted:
+        return text
+    if not text:
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {dotted}: {text!r} is not a YAML value ({first_line(e)}); quote it") from None
 
 
 def validate_tree(obj: Any) -> None:
@@ -586,16 +651,7 @@ def load_config(kind: str, name_or_path: str | Path | None = None, overrides: Se
     data: dict[str, Any] = {}
     if name_or_path is not None:
         path = find_preset(kind, name_or_path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {first_line(e)}") from None
-        except UnicodeDecodeError as e:
-            raise ConfigError(
-                f"config file {path} is not text (byte {e.start} is not UTF-8); pass a YAML file or a preset name"
-            ) from None
-        except OSError as e:
-            raise ConfigError(f"config file {path} cannot be read ({e.strerror}); check its permissions") from None
+        data = read_yaml(path, f"config file {path}", "pass a YAML file or a preset name") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
     try:

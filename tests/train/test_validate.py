@@ -64,6 +64,12 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
         line = one_line(capsys.readouterr().err, "--resume", key, "--allow-changed")
         assert f"-> {value}" in line
     assert main(_argv(overrides, other, out, "--resume", **{"train.max_steps": 3})) == 0
+    # the warmup-stable-decay schedule's own keys are part of the learning-rate curve too
+    wsd = {"train.max_steps": 3, "optim.schedule": "wsd", "optim.warmup": 0.2}
+    assert main(_argv(overrides, shards, tmp_path / "wsd", **wsd)) == 0
+    for key, value in (("optim.decay", 0.3), ("optim.decay_shape", "1-sqrt")):
+        assert main(_argv(overrides, shards, tmp_path / "wsd", "--resume", **{**wsd, key: value})) == 2, key
+        assert f"{key} " in one_line(capsys.readouterr().err, "--resume", f"-> {value}")
     moved = tmp_path / "moved"
     moved.mkdir()
     for p in shards.iterdir():

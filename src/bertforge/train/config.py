@@ -115,6 +115,16 @@ class PretrainDataConfig:
                 "masked in the loader; "
                 "data.input_dir: synthetic draws its own masks, so leave them unset"
             )
+        unused = [
+            f"data.{f.name}"
+            for f in dataclasses.fields(self)
+            if f.name.startswith("synthetic_") and getattr(self, f.name) != f.default
+        ]
+        if unused and not self.synthetic:
+            raise ConfigError(
+                f"{', '.join(unused)} describe the batches of data.input_dir: synthetic; data.input_dir is "
+                f"{self.input_dir!r}, which would ignore them: leave them out or set data.input_dir=synthetic"
+            )
         if self.synthetic and self.pack_per_row:
             raise ConfigError(
                 "data.pack_per_row packs dynamic-masking shards; with data.input_dir: synthetic "

@@ -429,6 +429,8 @@ RESUME_KEYS = (
     "optim.lr",
     "optim.warmup",
     "optim.schedule",
+    "optim.decay",
+    "optim.decay_shape",
     "train.max_steps",
     "optim.weight_decay",
     "optim.beta1",
@@ -455,7 +457,10 @@ def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: boo
     changed = []
     for key in RESUME_KEYS:
         section, name = key.split(".")
-        old, new = (saved.get(section) or {}).get(name), now[section][name]
+        recorded = saved.get(section) or {}
+        if name not in recorded:
+            continue  # a checkpoint from before the key existed: nothing to compare
+        old, new = recorded[name], now[section][name]
         if key == "data.input_dir" and old and new:
             old, new = str(Path(old).resolve()), str(Path(new).resolve())
         if old != new:
