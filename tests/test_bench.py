@@ -98,12 +98,13 @@ def test_accel_callables_run_on_cpu():
 def test_a_failing_benchmark_is_reported_and_the_rest_still_run(tmp_path):
     p = tmp_path / "spec.yml"
     p.write_text(
-        "repeat: 1\nwarmup: 0\nbenchmarks:\n  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {nope: 1}}\n"
+        "repeat: 1\nwarmup: 0\nbenchmarks:\n"
+        "  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {seconds: -1}}\n"
         "  - {name: good, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.0}}\n"
     )
     report = harness.run_spec(harness.load_spec(str(p)), progress=lambda s: None)
     bad, good = report["results"]
-    assert "TypeError" in bad["error"] and bad["metrics"] == {}
+    assert "ValueError" in bad["error"] and bad["metrics"] == {}
     assert good["metrics"]["slept_s"]["median"] == 0.0
     assert "**failed**" in harness.markdown(report)
 
@@ -126,18 +127,22 @@ def test_concurrent_runs_each_benchmark_in_its_own_process_at_once(tmp_path):
         "repeat: 1\nwarmup: 0\nconcurrent: true\nbenchmarks:\n"
         "  - {name: a, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 3.0}}\n"
         "  - {name: b, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 3.0}}\n"
-        "  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {nope: 1}}\n"
+        "  - {name: bad, fn: 'bertforge.bench.selftest:sleep', params: {seconds: -1}}\n"
         "ratios:\n  - {name: a_vs_b, num: a, den: b, metric: slept_s}\n"
     )
     spec = harness.load_spec(str(p))
-    report = harness.run_spec(spec, progress=lambda s: None)
+    updates: list[dict] = []
+    report = harness.run_spec(spec, progress=lambda s: None, on_update=updates.append)
     a, b, bad = report["results"]
+    # the report is rewritten as each process ends (a stop from outside kept nothing): first with `bad` alone
+    first = updates[0]["results"]
+    assert first[2].get("error") and not first[0]["metrics"] and first[0].get("not_run")
     assert a["concurrent"] and a["metrics"]["slept_s"]["median"] == 3.0
     # the two 3-second sleeps overlapped in time: each started before the other ended
     assert max(a["samples"]["started_at"][0], b["samples"]["started_at"][0]) < min(
         a["samples"]["ended_at"][0], b["samples"]["ended_at"][0]
     )
-    assert "TypeError" in bad["error"] and bad["metrics"] == {}
+    assert "ValueError" in bad["error"] and bad["metrics"] == {}
     assert report["ratios"][0]["value"] == 1.0
     with pytest.raises(UserError, match="interleaved or concurrent"):
         harness.run_spec(spec, progress=lambda s: None, interleave=True)
@@ -202,6 +207,21 @@ def test_time_to_accuracy_read_off_curves(tmp_path):
         ("{1: 2}\n", "unknown top-level keys"),
         ("benchmarks: [\n", "not valid YAML"),
         ("requires: tpu\nbenchmarks:\n  - {name: a, fn: 'x:y'}\n", "`requires` must be one of cuda, accelerator"),
+        # repeats that measure nothing, yes/no keys YAML reads as text, typos, a key given twice, bad targets
+        ("benchmarks: []\n", "`benchmarks` lists nothing to measure"),
+        ("repeat: 0\nbenchmarks:\n  - {name: a, fn: 'x:y'}\n", "`repeat` must be a whole number >= 1"),
+        ("interleave: 'no'\nbenchmarks:\n  - {name: a, fn: 'x:y'}\n", "`interleave` must be true or false"),
+        ("benchmarks:\n  - {name: a, fn: 'x:y', repeats: 1}\n", r"benchmarks\[0\] has unknown keys repeats"),
+        ("benchmarks: []\nbenchmarks:\n  - {name: a, fn: 'x:y'}\n", "key 'benchmarks' is given twice"),
+        (
+            "benchmarks:\n  - {name: a, fn: 'x:y'}\nratios:\n  - {name: r, num: a, den: a, metric: m, target: 2x}\n",
+            "`target` must be a number",
+        ),
+        (
+            "benchmarks:\n  - {name: a, fn: 'x:y'}\nratios:\n  - {name: r, num: a, den: a, metric: m, "
+            "lower_is_better: 'no'}\n",
+            "`lower_is_better` must be true or false",
+        ),
     ],
 )
 def test_a_spec_of_the_wrong_shape_is_one_line_naming_the_file(tmp_path, capsys, text, message):
@@ -240,6 +260,51 @@ def test_every_shipped_spec_loads_and_its_calls_take_their_params(path):
             for section, key in (("train", "compile"), ("train", "cuda_graphs"), ("optim", "compile")):
                 on = f"{section}.{key}=true" in named
                 assert getattr(getattr(cfg, section), key) is on, (b.name, section, key)
+
+
+def test_params_are_checked_against_every_entrys_function_before_anything_runs(tmp_path, capsys):
+    """A misspelt parameter of a late entry failed only once the earlier entries had run (hours, on a GPU spec);
+    YAML's 1e-2 (text to PyYAML) is the number for a float parameter."""
+    p = tmp_path / "spec.yml"
+    p.write_text(
+        "repeat: 1\nwarmup: 0\nbenchmarks:\n"
+        "  - {name: a, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 1e-2}}\n"
+        "  - {name: b, fn: 'bertforge.bench.selftest:sleep', params: {secnds: 0.01}}\n"
+    )
+    out = tmp_path / "r.json"
+    assert main(["bench", "--spec", str(p), "--json", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "b's params do not fit bertforge.bench.selftest:sleep" in captured.err and "secnds" in captured.err
+    assert "a [1/1]" not in captured.out and not out.exists()
+    report = harness.run_spec(harness.load_spec(str(p)), only=["a"], progress=lambda s: None)
+    assert report["results"][0]["metrics"]["slept_s"]["median"] == 0.01
+
+
+def test_outputs_are_checked_first_and_an_existing_file_is_kept_unless_asked(spec, tmp_path, capsys):
+    """--json/--md replaced any file (a user's, or a report of other entries) and were checked only after the
+    first entry's measurement, which a bad path then threw away."""
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"my": "notes"}')
+    run = ["bench", "--spec", str(spec), "--repeat", "1"]
+    assert main([*run, "--json", str(notes)]) == 2
+    assert "--json " + str(notes) + " exists; pass --overwrite" in capsys.readouterr().err
+    assert notes.read_text() == '{"my": "notes"}'
+    for flags, message in [
+        (["--json", str(tmp_path)], "is a directory"),
+        (["--md", str(spec / "x.md")], "is a file, not a directory"),
+        (["--json", str(tmp_path / "same"), "--md", str(tmp_path / "same")], "name the same file"),
+        (["--repeat", "0"], "--repeat must be at least 1"),
+        (["--stop-after", "nan"], "--stop-after must be a number of seconds"),
+    ]:
+        assert main([*run, *flags]) == 2
+        captured = capsys.readouterr()
+        assert message in captured.err and "[1/1]" not in captured.out, flags
+    assert main([*run, "--json", str(notes), "--overwrite"]) == 0
+    assert json.loads(notes.read_text())["results"]
+    md = tmp_path / "t.md"
+    assert main([*run, "--json", str(notes), "--md", str(md), "--overwrite"]) == 0
+    assert main([*run, "--json", str(notes), "--md", str(md), "--resume"]) == 0  # its own table: rewritten
+    assert main(["bench", "--show", str(tmp_path)]) == 2 and "is a directory" in capsys.readouterr().err
 
 
 def _bench_cli(spec, out_json, *extra):

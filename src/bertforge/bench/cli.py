@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 from pathlib import Path
 from typing import Any
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import read_json_object
+from bertforge.runtime.io import read_json_object, writable_file
 
 
 def bench_add(p: argparse.ArgumentParser) -> None:
@@ -48,26 +50,32 @@ def bench_add(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep the finished entries of the --json report of an earlier run of this spec and run the rest",
     )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --json or --md file (refused otherwise)"
+    )
 
 
 def bench_run(args: argparse.Namespace) -> int:
     from bertforge.bench import harness
 
+    _check_outputs(args)
     if args.show:
         report = _read_report(Path(args.show), "--show")
         try:
             text = harness.markdown(report)
-        except (KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError, ValueError):
             raise UserError(f"--show: {args.show} is not a report written by `bertforge bench --json`") from None
         print(text)
         harness.write_outputs(report, None, args.md_out)
         return 0
+    if args.repeat is not None and args.repeat < 1:
+        raise UserError(f"--repeat must be at least 1, not {args.repeat}")
+    if args.stop_after is not None and not (math.isfinite(args.stop_after) and args.stop_after >= 0):
+        raise UserError(f"--stop-after must be a number of seconds >= 0, not {args.stop_after:g}")
     spec = harness.load_spec(args.spec)
     if args.repeat is not None:
         for b in spec.benchmarks:
-            b.repeat = max(1, args.repeat)
-    if args.stop_after is not None and args.stop_after < 0:
-        raise UserError(f"--stop-after must be >= 0 seconds, not {args.stop_after:g}")
+            b.repeat = args.repeat
     previous = _previous_report(args, spec) if args.resume else None
     report = harness.run_spec(
         spec,
@@ -86,6 +94,30 @@ def bench_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """--json and --md can be written, before anything is measured (a bad path used to throw the first entry's
+    measurement away), and neither replaces a file unasked: a report of other entries, or a user's file. With
+    --resume, --json is the earlier report and --md a table this command wrote (it starts with `### `)."""
+    outs = [(flag, Path(p)) for flag, p in (("--json", args.json_out), ("--md", args.md_out)) if p]
+    if len(outs) == 2 and outs[0][1].resolve() == outs[1][1].resolve():
+        raise UserError(f"--json and --md name the same file {outs[0][1]}; give each its own")
+    for flag, path in outs:
+        writable_file(path, flag)
+        if not path.exists() or args.overwrite or (args.resume and not args.show and _ours(flag, path)):
+            continue
+        raise UserError(f"{flag} {path} exists; pass --overwrite to replace it, or --resume to go on from it")
+
+
+def _ours(flag: str, path: Path) -> bool:
+    """Whether --resume may rewrite `path`: the --json report (checked by `check_resumable`), or a markdown
+    table of this command."""
+    if flag == "--json":
+        return True
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return path.read_text(encoding="utf-8").startswith("### ")
+    return False
+
+
 def _previous_report(args: argparse.Namespace, spec: Any) -> dict[str, Any] | None:
     from bertforge.bench import harness
 
@@ -100,6 +132,8 @@ def _previous_report(args: argparse.Namespace, spec: Any) -> dict[str, Any] | No
 
 
 def _read_report(path: Path, flag: str) -> dict[str, Any]:
+    if path.is_dir():
+        raise UserError(f"{flag}: {path} is a directory; name a report file written by `bertforge bench --json`")
     if not path.is_file():
         raise UserError(f"{flag}: {path} does not exist")
     return read_json_object(path, "delete it or choose another file", f"{flag}: ")

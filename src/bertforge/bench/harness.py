@@ -41,10 +41,13 @@ params changed).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import importlib
+import inspect
 import json
+import math
 import platform
 import statistics
 import time
@@ -52,9 +55,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
-
-from bertforge.errors import UserError, first_line
+from bertforge.errors import UserError
 from bertforge.runtime.io import write_text
 
 SPEC_DIRS = [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[3] / "benchmarks"]
@@ -107,11 +108,10 @@ def find_spec(name_or_path: str) -> Path:
 
 
 def load_spec(name_or_path: str) -> Spec:
+    from bertforge.config import read_yaml
+
     path = find_spec(name_or_path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"benchmark spec {path} is not valid YAML: {first_line(e)}") from None
+    raw = read_yaml(path, f"benchmark spec {path}", "fix it or pass another --spec") or {}
     if not isinstance(raw, dict):
         raise UserError(
             f"benchmark spec {path}: expected a mapping with `benchmarks:` (a list), found a {type(raw).__name__}"
@@ -120,8 +120,10 @@ def load_spec(name_or_path: str) -> Spec:
     unknown = set(raw) - known
     if unknown:
         raise UserError(f"benchmark spec {path}: unknown top-level keys {sorted(unknown, key=str)}")
-    repeat, warmup = _count(raw, "repeat", 3, path), _count(raw, "warmup", 1, path)
+    repeat, warmup = _count(raw, "repeat", 3, path, least=1), _count(raw, "warmup", 1, path)
     benches = [_bench(b, i, repeat, warmup, path) for i, b in enumerate(_listed(raw, "benchmarks", path))]
+    if not benches:
+        raise UserError(f"benchmark spec {path}: `benchmarks` lists nothing to measure")
     names = [b.name for b in benches]
     if len(set(names)) != len(names):
         raise UserError(f"benchmark spec {path}: benchmark names must be unique")
@@ -131,10 +133,18 @@ def load_spec(name_or_path: str) -> Spec:
         path,
         benches,
         ratios,
-        bool(raw.get("interleave", False)),
-        bool(raw.get("concurrent", False)),
+        _switch(raw, "interleave", path),
+        _switch(raw, "concurrent", path),
         _requires(raw, path),
     )
+
+
+def _switch(raw: dict[str, Any], key: str, where: Path | str) -> bool:
+    """A yes/no key: YAML's true or false only (bool("no") would be True)."""
+    v = raw.get(key, False)
+    if not isinstance(v, bool):
+        raise UserError(f"benchmark spec {where}: `{key}` must be true or false, not {v!r}")
+    return v
 
 
 def _requires(raw: dict[str, Any], path: Path) -> str | None:
@@ -166,16 +176,24 @@ def _listed(raw: dict[str, Any], key: str, path: Path) -> list[Any]:
     return items
 
 
-def _count(raw: dict[str, Any], key: str, default: int, where: Path | str) -> int:
+def _count(raw: dict[str, Any], key: str, default: int, where: Path | str, least: int = 0) -> int:
     v = raw.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise UserError(f"benchmark spec {where}: `{key}` must be a whole number >= 0, not {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise UserError(f"benchmark spec {where}: `{key}` must be a whole number >= {least}, not {v!r}")
     return v
+
+
+BENCH_KEYS = ("name", "fn", "params", "repeat", "warmup")
 
 
 def _bench(b: Any, i: int, repeat: int, warmup: int, path: Path) -> BenchSpec:
     if not isinstance(b, dict) or "name" not in b or "fn" not in b:
         raise UserError(f"benchmark spec {path}: benchmarks[{i}] needs a name and an fn (module:function)")
+    if unknown := [str(k) for k in b if k not in BENCH_KEYS]:
+        raise UserError(
+            f"benchmark spec {path}: benchmarks[{i}] has unknown keys {', '.join(unknown)} "
+            f"(an entry's keys: {', '.join(BENCH_KEYS)})"
+        )
     params = b.get("params") or {}
     if not isinstance(params, dict):
         raise UserError(f"benchmark spec {path}: benchmarks[{i}].params must be a mapping")
@@ -184,7 +202,7 @@ def _bench(b: Any, i: int, repeat: int, warmup: int, path: Path) -> BenchSpec:
         str(b["name"]),
         str(b["fn"]),
         dict(params),
-        _count(b, "repeat", repeat, where),
+        _count(b, "repeat", repeat, where, least=1),
         _count(b, "warmup", warmup, where),
     )
 
@@ -197,6 +215,14 @@ def _ratio(r: Any, i: int, names: list[str], path: Path) -> RatioSpec:
             "lower_is_better) and nothing else"
         )
     ratio = RatioSpec(**r)
+    t = ratio.target
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)):
+        raise UserError(f"benchmark spec {path}: ratio {ratio.name!r}: `target` must be a number, not {t!r}")
+    if not isinstance(ratio.lower_is_better, bool):
+        raise UserError(
+            f"benchmark spec {path}: ratio {ratio.name!r}: `lower_is_better` must be true or false, "
+            f"not {ratio.lower_is_better!r}"
+        )
     for side in (ratio.num, ratio.den):
         if side not in names:
             raise UserError(f"benchmark spec {path}: ratio {ratio.name!r} names unknown benchmark {side!r}")
@@ -211,6 +237,23 @@ def resolve_fn(target: str) -> Callable[..., dict[str, float] | None]:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise UserError(f"benchmark fn {target!r} cannot be loaded: {e}") from None
+
+
+def check_params(b: BenchSpec, path: Path) -> None:
+    """The entry's params fit its fn's signature, or one line naming both. YAML reads 1e-2 as text: a param
+    annotated float takes it as the number (float's own parsing)."""
+    fn = resolve_fn(b.fn)
+    sig = inspect.signature(fn)
+    for name, value in b.params.items():
+        hint = sig.parameters[name].annotation if name in sig.parameters else None
+        floats = hint is float or (isinstance(hint, str) and hint.split("|")[0].strip() == "float")
+        if isinstance(value, str) and floats:
+            with contextlib.suppress(ValueError):  # not a number: the callable says what it makes of it
+                b.params[name] = float(value)
+    try:
+        sig.bind(**b.params)
+    except TypeError as e:
+        raise UserError(f"benchmark spec {path}: {b.name}'s params do not fit {b.fn}{sig}: {e}") from None
 
 
 def summarise(values: list[float]) -> dict[str, float]:
@@ -343,6 +386,9 @@ def run_spec(
     if interleave and concurrent:
         raise UserError("a spec runs either interleaved or concurrent, not both")
     kept = _kept_results(previous, spec.benchmarks) if previous else {}
+    for b in selected:  # a misspelt parameter of the last entry fails now, not after hours of the others
+        if b.name not in kept:
+            check_params(b, spec.path)
     for name, res in kept.items():
         if any(b.name == name for b in selected):
             progress(f"{name}: kept from the earlier run of {res['kept_from']}")
@@ -358,7 +404,7 @@ def run_spec(
         if not clock.up():
             for r in runners:
                 progress(f"{r.b.name}: {r.b.fn} {r.b.params} (own process, concurrent)")
-            _run_concurrent(runners)
+            _run_concurrent(runners, update)
     else:
         (_run_interleaved if interleave else _run_in_turn)(runners, clock, progress, update)
     report = _report(spec, selected, kept, runners, date, interleave, concurrent)
@@ -484,7 +530,7 @@ def check_resumable(previous: dict[str, Any], spec: Spec, path: str) -> None:
             )
 
 
-def _run_concurrent(runners: list[_Runner]) -> None:
+def _run_concurrent(runners: list[_Runner], update: Callable[[], None]) -> None:
     """Each runner's benchmark in a spawned process of its own, all at once. A process per entry, not a pool: a
     finished entry's process exits and gives its memory back while the others still run (a pool keeps its idle
     workers, gigabytes each after a fine-tuning run), and one process dying (killed, out of memory) fails only its
@@ -494,38 +540,54 @@ def _run_concurrent(runners: list[_Runner]) -> None:
 
     ctx = multiprocessing.get_context("spawn")
     pending: dict[Any, tuple[_Runner, Any]] = {}  # receiving end -> (runner, its process)
-    for r in runners:
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_run_alone, args=(r.b, send), name=f"bench-{r.b.name}")
-        p.start()
-        send.close()  # the child holds the only write end now: its death reads as EOF here
-        pending[recv] = (r, p)
-    while pending:  # read whichever finishes first, so no child waits on a full pipe before it can exit
-        ready = cast(list, multiprocessing.connection.wait(list(pending)))  # some of the connections given
-        for recv in ready:
-            r, p = pending.pop(recv)
-            with recv:
-                try:
-                    result = recv.recv()
-                except EOFError:  # died without sending
-                    result = None
+    try:
+        for r in runners:
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_run_alone, args=(r.b, send), name=f"bench-{r.b.name}")
+            p.start()
+            send.close()  # the child holds the only write end now: its death reads as EOF here
+            pending[recv] = (r, p)
+        while pending:  # read whichever finishes first, so no child waits on a full pipe before it can exit
+            ready = cast(list, multiprocessing.connection.wait(list(pending)))  # some of the connections given
+            for recv in ready:
+                r, p = pending.pop(recv)
+                _collect(r, p, recv)
+            update()  # the report so far: a run stopped from outside keeps the entries that finished
+    finally:  # an interrupt: the children still running would hold the machine for hours
+        for recv, (_, p) in pending.items():
+            p.terminate()
             p.join()
-            if result is None:
-                code = p.exitcode or 0  # set once joined
-                why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-                hint = " (signal 9: often the out-of-memory killer; see dmesg)" if code == -9 else ""
-                r.error = f"the benchmark's process died: {why}{hint}"
-            else:
-                r.samples, r.done, r.error = result
+            recv.close()
+
+
+def _collect(r: _Runner, p: Any, recv: Any) -> None:
+    """A finished child's samples into its runner, or the way it died as the runner's error."""
+    with recv:
+        try:
+            result = recv.recv()
+        except EOFError:  # died without sending
+            result = None
+    p.join()
+    if result is None:
+        code = p.exitcode or 0  # set once joined
+        why = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        hint = " (signal 9: often the out-of-memory killer; see dmesg)" if code == -9 else ""
+        r.error = f"the benchmark's process died: {why}{hint}"
+    else:
+        r.samples, r.done, r.error = result
 
 
 def _run_alone(b: BenchSpec, send) -> None:
     """A concurrent spec's entry, in its own process: warm-up and repeats, sent back through `send`; progress goes to
     this process's stdout."""
     r = _Runner(b, lambda line: print(line, flush=True))
-    r.attempt(r.all_repeats)
-    send.send((r.samples, r.done, r.error))
-    send.close()
+    try:
+        r.attempt(r.all_repeats)
+        send.send((r.samples, r.done, r.error))
+    except (BrokenPipeError, KeyboardInterrupt):
+        return  # the parent stopped (an interrupt reaches the whole process group): nobody reads the result
+    finally:
+        send.close()
 
 
 def _fmt(v: float) -> str:
