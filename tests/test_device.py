@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import os
 import re
 from pathlib import Path
@@ -59,6 +60,18 @@ def test_matmul_peak_is_cached():
     p2 = dev.matmul_peak(cpu)
     assert p1 == p2 and p1.fp32_gflops > 1
     assert dev.peak_flops(cpu, "fp32") == pytest.approx(p1.fp32_gflops * 1e9)
+
+
+@pytest.mark.parametrize("text", ["[]", '{"KEY": {"fp32_gflops": 1.0, "extra_field": 2}}', '{"KEY": 3}'])
+def test_a_peak_cache_of_another_shape_is_measured_again(tmp_path, monkeypatch, text):
+    """Another bertforge version's entry (a field more), or a file of another shape: a TypeError at every MFU."""
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path))
+    monkeypatch.setattr(dev, "_measure", lambda device, dtype, max_n, seconds: (100.0, 256))
+    first = dev.matmul_peak(cpu)
+    key = next(iter(json.loads((tmp_path / "matmul_peak.json").read_text())))
+    (tmp_path / "matmul_peak.json").write_text(text.replace("KEY", key))
+    assert dev.matmul_peak(cpu) == first
 
 
 def test_mfu_peak_of_an_emulated_precision_is_at_least_fp32s(monkeypatch):

@@ -361,11 +361,13 @@ def matmul_peak(device: torch.device, refresh: bool = False, seconds: float = 1.
     threads = torch.get_num_threads()
     key = f"{device_name(device)}|{device}|torch {torch.__version__}|threads {threads}"
     path = _cache_path()
-    cache: dict[str, Any] = {}
+    cache: Any = {}
     with contextlib.suppress(OSError, ValueError):
         cache = json.loads(path.read_text())
+    cache = cache if isinstance(cache, dict) else {}  # another program's file, or a damaged one: measure again
     if not refresh and key in cache:
-        return Peak(**cache[key])
+        with contextlib.suppress(TypeError):  # an entry of another bertforge version's shape: measured again
+            return Peak(**cache[key])
     max_n = 4096 if device.type == "cpu" else 8192
     fp32, n = _measure(device, torch.float32, max_n, seconds)
     # bf16 is measured even where it is only emulated: the number tells users not to pick it there
