@@ -1,5 +1,6 @@
 import inspect
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,10 @@ def test_params_are_checked_against_every_entrys_function_before_anything_runs(t
     assert "a [1/1]" not in captured.out and not out.exists()
     report = harness.run_spec(harness.load_spec(str(p)), only=["a"], progress=lambda s: None)
     assert report["results"][0]["metrics"]["slept_s"]["median"] == 0.01
+    # --resume keeps it: the spec's 1e-2 is compared as the number the report recorded
+    lines: list[str] = []
+    harness.run_spec(harness.load_spec(str(p)), only=["a"], progress=lines.append, previous=report)
+    assert any("a: kept from the earlier run" in ln for ln in lines) and not any("[1/1]" in ln for ln in lines)
 
 
 def test_outputs_are_checked_first_and_an_existing_file_is_kept_unless_asked(spec, tmp_path, capsys):
@@ -305,6 +310,35 @@ def test_outputs_are_checked_first_and_an_existing_file_is_kept_unless_asked(spe
     assert main([*run, "--json", str(notes), "--md", str(md), "--overwrite"]) == 0
     assert main([*run, "--json", str(notes), "--md", str(md), "--resume"]) == 0  # its own table: rewritten
     assert main(["bench", "--show", str(tmp_path)]) == 2 and "is a directory" in capsys.readouterr().err
+
+
+def test_sigterm_stops_a_concurrent_run_as_ctrl_c_does(tmp_path):
+    """SIGTERM (a supervisor, `kill`) killed the parent at once: no line, the children left running for hours."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    p = tmp_path / "conc.yml"
+    p.write_text(
+        "repeat: 1\nwarmup: 0\nconcurrent: true\nbenchmarks:\n"
+        "  - {name: fast, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 0.1}}\n"
+        "  - {name: slow, fn: 'bertforge.bench.selftest:sleep', params: {seconds: 120.0}}\n"
+    )
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    cmd = [sys.executable, "-m", "bertforge", "bench", "--spec", str(p), "--json", str(out)]
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out.is_file() and "slept_s" in out.read_text()):  # `fast` finished and the report was written
+        assert time.monotonic() < deadline and child.poll() is None, child.communicate()
+        time.sleep(0.1)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 143, err
+    assert "Traceback" not in err
+    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert results["fast"]["metrics"]["slept_s"]["median"] == 0.1 and results["slow"].get("not_run")
 
 
 def _bench_cli(spec, out_json, *extra):

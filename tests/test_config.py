@@ -128,12 +128,29 @@ def test_settings_the_run_would_ignore_or_die_on_are_refused(sets, message):
 
 
 def test_a_key_given_twice_in_a_file_is_refused(tmp_path):
-    """PyYAML keeps the last of two `train:` blocks: the first one's settings were dropped without a word."""
+    """PyYAML keeps the last of two `train:` blocks: the first one's settings were dropped without a word. A
+    merge (`<<: *anchor`) may still be overridden, and an unhashable key is PyYAML's one line."""
     path = tmp_path / "dup.yaml"
     path.write_text("train: {max_steps: 10}\ntrain: {seed: 3}\n")
     with pytest.raises(ConfigError) as e:
         C.load_config("pretrain", str(path))
     one_line(str(e.value), path, "is not valid YAML", "key 'train' is given twice (line 2)")
+    path.write_text("train:\n  <<: {max_steps: 10, seed: 3}\n  seed: 4\n")
+    t = C.load_config("pretrain", str(path)).train
+    assert (t.max_steps, t.seed) == (10, 4)
+    path.write_text("train:\n  [a, b]: 1\n")
+    with pytest.raises(ConfigError) as e:
+        C.load_config("pretrain", str(path))
+    one_line(str(e.value), path, "is not valid YAML", "unhashable key")
+
+
+def test_a_required_text_setting_set_to_null_is_refused_and_inner_quotes_are_text():
+    with pytest.raises(ConfigError) as e:
+        C.load_config("pretrain", "demo_tiny_128", ["train.output_dir=null"])
+    one_line(str(e.value), "train.output_dir: a value is required")
+    assert C.load_config("pretrain", "demo_tiny_128", ["data.eval_dir=~"]).data.eval_dir is None
+    cfg = C.load_config("pretrain", "demo_tiny_128", ["train.output_dir='a' and 'b'", "train.precision='bf16'"])
+    assert (cfg.train.output_dir, cfg.train.precision) == ("'a' and 'b'", "bf16")
 
 
 def test_fp8_refuses_unpadding_before_the_run():

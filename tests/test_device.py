@@ -62,7 +62,16 @@ def test_matmul_peak_is_cached():
     assert dev.peak_flops(cpu, "fp32") == pytest.approx(p1.fp32_gflops * 1e9)
 
 
-@pytest.mark.parametrize("text", ["[]", '{"KEY": {"fp32_gflops": 1.0, "extra_field": 2}}', '{"KEY": 3}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        '{"KEY": {"fp32_gflops": 1.0, "extra_field": 2}}',
+        '{"KEY": 3}',
+        '{"KEY": {"fp32_gflops": "100.0", "bf16_gflops": null, "fp16_gflops": null, "size": 1, "device": "cpu", '
+        '"threads": 1}}',
+    ],
+)
 def test_a_peak_cache_of_another_shape_is_measured_again(tmp_path, monkeypatch, text):
     """Another bertforge version's entry (a field more), or a file of another shape: a TypeError at every MFU."""
     cpu = torch.device("cpu")

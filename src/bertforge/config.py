@@ -419,8 +419,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: merged keys may be overridden, as YAML means them to be
             key = self.construct_object(key_node, deep=True)
-            if key in seen:
+            try:
+                again = key in seen
+            except TypeError:
+                continue  # an unhashable key: PyYAML's own error names it below
+            if again:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} is given twice (line {key_node.start_mark.line + 1})", key_node.start_mark
                 )
@@ -570,13 +576,16 @@ def _override_value(dotted: str, raw: str, tp: Any) -> Any:
     text = raw.strip()
     quoted = len(text) > 1 and text[0] == text[-1] and text[0] in "'\""
     if tp is str and not quoted:
-        return text
+        return None if text in ("null", "Null", "NULL", "~") else text  # null: the field's own check (required?)
     if not text:
         return ""
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError as e:
+        if tp is str:
+            return text  # 'a' and 'b': quotes inside the text, not around it
         raise ConfigError(f"--set {dotted}: {text!r} is not a YAML value ({first_line(e)}); quote it") from None
+    return value if tp is not str or isinstance(value, str) else text
 
 
 def validate_tree(obj: Any) -> None:

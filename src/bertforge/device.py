@@ -367,7 +367,10 @@ def matmul_peak(device: torch.device, refresh: bool = False, seconds: float = 1.
     cache = cache if isinstance(cache, dict) else {}  # another program's file, or a damaged one: measure again
     if not refresh and key in cache:
         with contextlib.suppress(TypeError):  # an entry of another bertforge version's shape: measured again
-            return Peak(**cache[key])
+            cached = Peak(**cache[key])
+            rates = (cached.fp32_gflops, cached.bf16_gflops or 0.0, cached.fp16_gflops or 0.0)
+            if all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rates):
+                return cached
     max_n = 4096 if device.type == "cpu" else 8192
     fp32, n = _measure(device, torch.float32, max_n, seconds)
     # bf16 is measured even where it is only emulated: the number tells users not to pick it there

@@ -207,9 +207,16 @@ def test_bpe_vocab_is_byte_identical_and_a_multiple_of_64(corpus, tmp_path, caps
 def test_shards_from_a_bpe_vocab(corpus, tmp_path):
     train_bpe([corpus], tmp_path / "b", vocab_size=320, min_frequency=1)
     argv = ["data", "shards", "--docs", str(corpus), "--vocab", str(tmp_path / "b"), "--out", str(tmp_path / "s")]
-    # MLM-only rows are full rows: a short-sequence probability would be ignored, so it is refused
+    # MLM-only rows are full rows: a short-sequence probability would be ignored, so it is refused (the flag,
+    # and a value other than the default in `data prepare`'s config; books_wiki's own 0.1 with mlm is fine)
     assert main([*argv, "--objective", "mlm", "--short-seq-prob", "0.3"]) == 2
     assert not (tmp_path / "s").exists()
+    from bertforge.config import load_config
+    from bertforge.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="shards.short_seq_prob .* would be ignored"):
+        load_config("data", "books_wiki", ["shards.objective=mlm", "shards.short_seq_prob=0.5"])
+    assert load_config("data", "books_wiki", ["shards.objective=mlm"]).shards.short_seq_prob == 0.1
     assert main([*argv, "--objective", "mlm", "--seq-len", "32", "--shards", "1", "--workers", "1"]) == 0
     man = json.loads((tmp_path / "s" / "manifest.json").read_text())
     assert (man["tokenizer_model"], man["kind"], man["vocab_size"]) == ("bpe", "mlm", 320)

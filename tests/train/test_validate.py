@@ -70,6 +70,12 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
     for key, value in (("optim.decay", 0.3), ("optim.decay_shape", "1-sqrt")):
         assert main(_argv(overrides, shards, tmp_path / "wsd", "--resume", **{**wsd, key: value})) == 2, key
         assert f"{key} " in one_line(capsys.readouterr().err, "--resume", f"-> {value}")
+    # ... and only its: a run of another schedule that recorded a decay (ignored then, refused now) resumes
+    meta = ckpt.latest_checkpoint(out / "checkpoints").path / "meta.json"
+    recorded = json.loads(meta.read_text())
+    recorded["config"]["optim"]["decay"] = 0.2
+    meta.write_text(json.dumps(recorded))
+    assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 3})) == 0
     moved = tmp_path / "moved"
     moved.mkdir()
     for p in shards.iterdir():

@@ -11,6 +11,7 @@ from typing import Any
 
 from bertforge.errors import UserError
 from bertforge.runtime.io import read_json_object, writable_file
+from bertforge.runtime.signals import sigterm_interrupts
 
 
 def bench_add(p: argparse.ArgumentParser) -> None:
@@ -77,7 +78,21 @@ def bench_run(args: argparse.Namespace) -> int:
         for b in spec.benchmarks:
             b.repeat = args.repeat
     previous = _previous_report(args, spec) if args.resume else None
-    report = harness.run_spec(
+    # SIGTERM stops as Ctrl-C does: the report so far is kept, and a concurrent run's children are stopped
+    with sigterm_interrupts():
+        report = _run(args, spec, previous)
+    print()
+    print(harness.markdown(report))
+    harness.write_outputs(report, args.json_out, args.md_out)
+    if report["not_run"] and args.json_out:
+        print(f"to measure the rest: the same command with --resume (reads {args.json_out})")
+    return 0
+
+
+def _run(args: argparse.Namespace, spec: Any, previous: dict[str, Any] | None) -> dict[str, Any]:
+    from bertforge.bench import harness
+
+    return harness.run_spec(
         spec,
         args.only,
         interleave=args.interleave,
@@ -86,12 +101,6 @@ def bench_run(args: argparse.Namespace) -> int:
         previous=previous,
         on_update=lambda partial: harness.write_outputs(partial, args.json_out, args.md_out),
     )
-    print()
-    print(harness.markdown(report))
-    harness.write_outputs(report, args.json_out, args.md_out)
-    if report["not_run"] and args.json_out:
-        print(f"to measure the rest: the same command with --resume (reads {args.json_out})")
-    return 0
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -239,17 +239,24 @@ def resolve_fn(target: str) -> Callable[..., dict[str, float] | None]:
         raise UserError(f"benchmark fn {target!r} cannot be loaded: {e}") from None
 
 
-def check_params(b: BenchSpec, path: Path) -> None:
-    """The entry's params fit its fn's signature, or one line naming both. YAML reads 1e-2 as text: a param
-    annotated float takes it as the number (float's own parsing)."""
-    fn = resolve_fn(b.fn)
-    sig = inspect.signature(fn)
+def check_params(b: BenchSpec, path: Path, strict: bool = True) -> None:
+    """The entry's params fit its fn's signature, or one line naming both (`strict`; otherwise, for an entry
+    not selected to run, only the conversion). YAML reads 1e-2 as text: a param annotated float takes it as the
+    number (float's own parsing)."""
+    try:
+        sig = inspect.signature(resolve_fn(b.fn))
+    except UserError:
+        if strict:
+            raise
+        return
     for name, value in b.params.items():
         hint = sig.parameters[name].annotation if name in sig.parameters else None
         floats = hint is float or (isinstance(hint, str) and hint.split("|")[0].strip() == "float")
         if isinstance(value, str) and floats:
             with contextlib.suppress(ValueError):  # not a number: the callable says what it makes of it
                 b.params[name] = float(value)
+    if not strict:
+        return
     try:
         sig.bind(**b.params)
     except TypeError as e:
@@ -385,10 +392,9 @@ def run_spec(
     concurrent = spec.concurrent if concurrent is None else concurrent
     if interleave and concurrent:
         raise UserError("a spec runs either interleaved or concurrent, not both")
+    for b in spec.benchmarks:  # a misspelt parameter of the last entry fails now, not after hours of the others
+        check_params(b, spec.path, strict=b in selected)  # before --resume compares params: 1e-3 as the float
     kept = _kept_results(previous, spec.benchmarks) if previous else {}
-    for b in selected:  # a misspelt parameter of the last entry fails now, not after hours of the others
-        if b.name not in kept:
-            check_params(b, spec.path)
     for name, res in kept.items():
         if any(b.name == name for b in selected):
             progress(f"{name}: kept from the earlier run of {res['kept_from']}")

@@ -127,6 +127,11 @@ class ShardsConfig:
             raise ConfigError(f"shards.seed (--seed) must be >= 0, got {self.seed}")
         if self.objective not in ("mlm_nsp", "mlm"):
             raise ConfigError(f"shards.objective (--objective) must be mlm_nsp or mlm, not {self.objective!r}")
+        if self.objective == "mlm" and self.short_seq_prob != ShardsConfig.short_seq_prob:
+            raise ConfigError(
+                f"shards.short_seq_prob (--short-seq-prob) {self.short_seq_prob} shortens sentence pairs "
+                "(objective mlm_nsp); MLM-only rows are full rows, so it would be ignored: leave it at its default"
+            )
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"shards.eval_fraction (--eval-fraction) must be in [0, 1), got {self.eval_fraction}")
 

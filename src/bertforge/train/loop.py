@@ -460,6 +460,8 @@ def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: boo
         recorded = saved.get(section) or {}
         if name not in recorded:
             continue  # a checkpoint from before the key existed: nothing to compare
+        if name.startswith("decay") and cfg.optim.schedule != "wsd":
+            continue  # only wsd reads them (a run of another schedule may have recorded any value, ignored)
         old, new = recorded[name], now[section][name]
         if key == "data.input_dir" and old and new:
             old, new = str(Path(old).resolve()), str(Path(new).resolve())
