@@ -127,6 +127,25 @@ def test_settings_the_run_would_ignore_or_die_on_are_refused(sets, message):
     C.load_config("pretrain", "demo_tiny_128", ["optim.schedule=wsd", "optim.decay=0.5", "optim.decay_shape=1-sqrt"])
 
 
+def test_the_ddp_timeout_reaches_the_process_group_and_must_be_positive(monkeypatch):
+    """Fine-tuning's evaluation runs on rank 0 while the others wait: a fixed 30 minutes failed a long one."""
+    from bertforge.runtime import distributed
+    from bertforge.train.loop import run_pretrain
+
+    with pytest.raises(ConfigError, match="train.ddp_timeout is seconds"):
+        C.load_config("pretrain", "demo_tiny_128", ["train.ddp_timeout=0"])
+    seen = []
+
+    def init(device, timeout_s):
+        seen.append(timeout_s)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(distributed, "init_distributed", init)
+    with pytest.raises(RuntimeError, match="stop here"):
+        run_pretrain(C.load_config("pretrain", "demo_tiny_128", ["train.ddp_timeout=7200"]))
+    assert seen == [7200.0]
+
+
 def test_a_key_given_twice_in_a_file_is_refused(tmp_path):
     """PyYAML keeps the last of two `train:` blocks: the first one's settings were dropped without a word. A
     merge (`<<: *anchor`) may still be overridden, and an unhashable key is PyYAML's one line."""

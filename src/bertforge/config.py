@@ -167,6 +167,10 @@ class TrainConfig:
     """Draw PNG curves (loss, accuracy) in output_dir at the end."""
     max_nonfinite_steps: int = 20
     """Stop after this many non-finite steps in a row."""
+    ddp_timeout: float = 1800.0
+    """Seconds a rank waits for the others in a collective before the run fails (torchrun runs; Hugging Face's
+    `ddp_timeout`): raise it when one rank works alone for longer, e.g. fine-tuning's evaluation of a large
+    dev set on rank 0 while the others wait."""
 
     def validate(self) -> None:
         for name in (
@@ -181,6 +185,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_steps < 0:
             raise ConfigError(f"train.max_steps must be >= 0, got {self.max_steps}")
+        if not 0 < self.ddp_timeout < math.inf:
+            raise ConfigError(f"train.ddp_timeout is seconds: a finite number > 0, got {self.ddp_timeout}")
         if self.seed < 0:  # numpy's generators (the data order) take no negative seed
             raise ConfigError(f"train.seed must be >= 0, got {self.seed}")
         if not str(self.output_dir).strip():  # "" is the working directory: the run's files would land there

@@ -39,6 +39,32 @@ def _run(args: list[str], timeout: int = 300) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+def test_a_user_error_of_rank_0_alone_is_one_line_on_every_rank(tmp_path):
+    """Rank 0 writing (a checkpoint, best/) on a full disk: the ranks waiting in a barrier each failed with a
+    traceback of a closed connection. `on_main` gives them rank 0's line."""
+    script = tmp_path / "main.py"
+    script.write_text(
+        "from bertforge.errors import UserError\n"
+        "from bertforge.runtime import distributed as D\n"
+        "info, _ = D.init_distributed('cpu')\n"
+        "def work():\n"
+        "    raise UserError('no space left while writing best/')\n"
+        "try:\n"
+        "    D.on_main(work)\n"
+        "except UserError as e:\n"
+        "    print(f'rank {info.rank}: {e}', flush=True)\n"
+        "print(f'rank {info.rank}: then {D.on_main(lambda: 42)}', flush=True)\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
+    env = {**_env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.run([*cmd, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank}: no space left while writing best/" in proc.stdout
+    assert "rank 0: then 42" in proc.stdout and "rank 1: then None" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
 LAYERS = {"train.compile": True, "train.compile_scope": "layers"}
 
 

@@ -134,6 +134,50 @@ def test_preemption_flag_and_handlers_restored():
         pass
 
 
+def test_under_a_launcher_a_quick_repeat_is_the_forwarded_copy(monkeypatch):
+    """SLURM signals every process of a step and torchrun forwards its own copy a moment later: taken as a second
+    signal, it killed the workers while they saved. A repeat later than that, or with no launcher, still stops
+    at once."""
+    from bertforge.runtime import preempt
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with Preemption() as pre:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # the echo: ignored (before: KeyboardInterrupt)
+        assert pre.signum == signal.SIGINT
+        pre.signum = 0  # as if no signal was pending, so the exit raises nothing
+    monkeypatch.setattr(preempt, "LAUNCHER_ECHO_S", 0.0)
+    with pytest.raises(KeyboardInterrupt), Preemption() as pre:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # a real second one: the old behaviour
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(preempt, "LAUNCHER_ECHO_S", 60.0)
+    with pytest.raises(KeyboardInterrupt), Preemption() as pre:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # no launcher: a second signal is the user's
+
+
+def test_ranks_decide_from_the_reduced_flags_alone(monkeypatch):
+    """A signal landing on one rank after the all-reduce made that rank stop while the others went on into the
+    next all-reduce (a gloo size mismatch, no checkpoint)."""
+    from bertforge.runtime import preempt
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    with Preemption() as pre:
+
+        def reduce_then_signal(flags):
+            pre.signum = signal.SIGTERM  # lands here, after the other ranks' flags were summed
+            return flags
+
+        monkeypatch.setattr(preempt.ddp, "all_reduce_sum", reduce_then_signal)
+        assert not pre.agreed(torch.device("cpu"))  # as the other ranks decide
+        monkeypatch.setattr(preempt.ddp, "all_reduce_sum", lambda flags: flags)
+        assert pre.agreed(torch.device("cpu"))  # the next step: every rank stops
+        pre.signum = 0
+
+
 def _child(argv: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(Path(bertforge.__file__).parents[1])}
     return subprocess.Popen(
@@ -173,6 +217,11 @@ def test_overwrite_refuses_the_init_checkpoint_it_would_delete(shards, tmp_path,
     assert main([*argv, f"--set=train.init_checkpoint={out}", "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert "which --overwrite deletes" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == steps
+    # model.init_from (weights only) in the same place: refused too (it was deleted, then replaced by step 2)
+    model = out / "checkpoints" / steps[-1] / "model"
+    assert main([*argv, f"--set=model.init_from={model}", "--overwrite"]) == 2
+    assert f"model.init_from {model} is in train.output_dir" in capsys.readouterr().err
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == steps
 
 

@@ -76,6 +76,12 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
     recorded["config"]["optim"]["decay"] = 0.2
     meta.write_text(json.dumps(recorded))
     assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 3})) == 0
+    # the data lanes (micro-batches per update over all ranks): packed rows per update round to micro x
+    # processes, so another process count can change them, and with them the data order
+    recorded["lanes"] += 1
+    meta.write_text(json.dumps(recorded))
+    assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 3})) == 2
+    one_line(capsys.readouterr().err, f"data lanes {recorded['lanes']} -> {recorded['lanes'] - 1} (1 -> 1 processes)")
     moved = tmp_path / "moved"
     moved.mkdir()
     for p in shards.iterdir():

@@ -6,7 +6,8 @@ Recognised launchers (first match wins):
   (+ MPI_LOCALRANKID); MASTER_ADDR must be set (e.g. `mpirun -x MASTER_ADDR=host0`);
 - SLURM `srun`: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE; MASTER_ADDR from the
   environment (examples/pretrain.sbatch sets it to the first node of the allocation).
-Backend from `bertforge.device.dist_backend`: NCCL on CUDA, gloo on CPU. The model never imports this module.
+Backend from `bertforge.device.dist_backend`: NCCL on CUDA, gloo on CPU. The model's forward never uses this
+module (`model/hf_interop.py` calls `unwrap` to save a wrapped model).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -23,6 +25,8 @@ from torch import nn
 
 from bertforge import device as dev
 from bertforge.errors import UserError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def env_info(env: dict[str, str] | None = None) -> DistInfo:
     return DistInfo()
 
 
-def init_distributed(device_spec: str = "auto", timeout_min: int = 30) -> tuple[DistInfo, torch.device]:
+def init_distributed(device_spec: str = "auto", timeout_s: float = 1800.0) -> tuple[DistInfo, torch.device]:
     """Start the process group (if this is a multi-process run) and pick this rank's device."""
     info = env_info()
     device = dev.resolve_device(device_spec, local_rank=info.local_rank, option="train.device")
@@ -101,7 +105,7 @@ def init_distributed(device_spec: str = "auto", timeout_min: int = 30) -> tuple[
         init_method="env://",
         rank=info.rank,
         world_size=info.world_size,
-        timeout=datetime.timedelta(minutes=timeout_min),
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
     return info, device
 
@@ -114,6 +118,24 @@ def cleanup() -> None:
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+def on_main(work: Callable[[], T]) -> T | None:
+    """`work()` on rank 0 while the others wait (a barrier), its result on rank 0 (None elsewhere). A UserError
+    on rank 0 (a full disk while it writes) is raised on every rank with the same one line: the ranks waiting in
+    a barrier would otherwise each fail with a traceback of a closed connection."""
+    if not dist.is_initialized():
+        return work()
+    result, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            result = work()
+        except UserError as e:
+            error = str(e)
+    error = broadcast_object(error)  # doubles as the barrier
+    if error is not None:
+        raise UserError(error)
+    return result
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

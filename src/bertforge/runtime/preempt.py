@@ -8,8 +8,11 @@ that the training loops read at each step boundary, so they finish the step, sav
                 save(); raise pre.stopped("saved checkpoint step_N in DIR; continue with --resume")
 
 A second signal of the same kind while the first is being handled gets the old behaviour (KeyboardInterrupt
-for SIGINT, termination for SIGTERM): a user who presses Ctrl-C twice is not kept waiting. Handlers can only be
-installed from the main thread; elsewhere (a loop run from a worker thread) the flag is never set.
+for SIGINT, termination for SIGTERM): a user who presses Ctrl-C twice is not kept waiting. Under a launcher
+(torchrun, srun) a repeat within `LAUNCHER_ECHO_S` is not a second signal but the same one again: SLURM signals
+every process of a step and torchrun forwards its own copy a moment later, which would otherwise kill a worker
+in the middle of saving. Handlers can only be installed from the main thread; elsewhere (a loop run from a
+worker thread) the flag is never set.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -26,6 +30,8 @@ import torch
 from bertforge.runtime import distributed as ddp
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+LAUNCHER_ECHO_S = 5.0
+"""Under a launcher, a repeat of the first signal this soon after it is the launcher's forwarded copy."""
 
 
 class Preempted(Exception):
@@ -41,9 +47,12 @@ class Preemption:
 
     def __init__(self) -> None:
         self.signum = 0
+        self._at = 0.0  # when the first signal came (time.monotonic)
+        self._launched = False  # started by torchrun, mpirun or srun (read on enter, not inside a handler)
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> Preemption:
+        self._launched = ddp.env_info().launcher != "none"
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._old[sig] = signal.signal(sig, self._handle)
@@ -58,11 +67,13 @@ class Preemption:
             raise self.stopped("it came after the last step; this run finished and is written, and nothing follows")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum == signum:  # the second one: the old behaviour, now
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+        if self.signum == signum:
+            if self._launched and time.monotonic() - self._at < LAUNCHER_ECHO_S:
+                return  # the launcher's forwarded copy of the one the scheduler sent every process
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))  # the second one: the old behaviour, now
             signal.raise_signal(signum)
             return
-        self.signum = signum
+        self.signum, self._at = signum, time.monotonic()
         # os.write, not print: the signal may arrive while the loop is inside a print to the same stream, and a
         # buffered stream refuses a reentrant write
         note = f"received {signal.Signals(signum).name}: stopping at the next step boundary (again: at once)\n"
@@ -74,12 +85,15 @@ class Preemption:
         step, or the ones that go on would wait forever in the next all-reduce of gradients)."""
         if not torch.distributed.is_initialized():
             return self.signum != 0
-        # ranks that received (SIGTERM, SIGINT); a rank that got none takes the others' signal for its message
+        # ranks that received (SIGTERM, SIGINT); a rank that got none takes the others' signal for its message.
+        # The decision is the reduced flags' alone: a signal landing after the all-reduce waits for the next
+        # step on this rank too, or it would stop while the others went on into the next all-reduce
         flags = torch.tensor([float(self.signum == s) for s in SIGNALS], device=device)
         got = ddp.all_reduce_sum(flags).tolist()
-        if not self.signum:
-            self.signum = next((int(s) for s, n in zip(SIGNALS, got) if n > 0), 0)
-        return self.signum != 0
+        agreed = next((int(s) for s, n in zip(SIGNALS, got) if n > 0), 0)
+        if agreed and not self.signum:
+            self.signum = agreed
+        return agreed != 0
 
     def stopped(self, what: str) -> Preempted:
         """The exception to raise after saving: "received SIGTERM: <what>"."""

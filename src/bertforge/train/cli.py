@@ -76,7 +76,7 @@ def pretrain_run(args: argparse.Namespace) -> int:
     from bertforge.runtime import distributed
     from bertforge.runtime.io import writable_dir, writable_file
     from bertforge.runtime.preempt import Preempted
-    from bertforge.train.loop import check_output_dir, run_pretrain, unstarted_removed
+    from bertforge.train.loop import check_output_dir, run_pretrain, start_inputs, unstarted_removed
 
     if args.profile < 0:
         raise UserError(f"--profile N records N steps; N must be >= 0 (0: no profile), got {args.profile}")
@@ -84,7 +84,7 @@ def pretrain_run(args: argparse.Namespace) -> int:
         raise UserError("--allow-changed only applies with --resume (it accepts a changed config on resuming)")
     info = distributed.env_info()
     # an earlier run's directory is refused before anything is written (run_pretrain checks it too)
-    check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, cfg.train.init_checkpoint)
+    check_output_dir(cfg.train.output_dir, args.resume, args.overwrite, start_inputs(cfg))
     try:
         with unstarted_removed(cfg.train.output_dir, info.is_main):
             if info.is_main:

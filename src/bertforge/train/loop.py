@@ -284,19 +284,22 @@ def unstarted_removed(output_dir: str | Path, is_main: bool = True) -> Iterator[
         raise
 
 
-def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool, init_checkpoint: str | None = None) -> None:
+def check_output_dir(
+    output_dir: str | Path, resume: bool, overwrite: bool, inputs: dict[str, str | None] | None = None
+) -> None:
     """Refuse an output_dir holding an earlier run unless `resume` or `overwrite` (carried out by
-    `claim_output_dir` once every input has passed its checks), and an `init_checkpoint` that `overwrite` would
-    delete before this run has saved anything of its own."""
+    `claim_output_dir` once every input has passed its checks), and an input the run starts from (`inputs`:
+    setting -> path, `start_inputs`) that `overwrite` would delete before this run has saved anything of its own."""
     out = Path(output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in train.output_dir, --overwrite deletes it: pass one of them")
-    init = Path(init_checkpoint).resolve() if init_checkpoint else None
-    if overwrite and init is not None and out.resolve() in (init, *init.parents):
-        raise UserError(
-            f"train.init_checkpoint {init_checkpoint} is in train.output_dir {out}, which --overwrite deletes: "
-            "give this phase another train.output_dir"
-        )
+    for key, given in (inputs or {}).items():
+        init = Path(given).resolve() if given else None
+        if overwrite and init is not None and out.resolve() in (init, *init.parents):
+            raise UserError(
+                f"{key} {given} is in train.output_dir {out}, which --overwrite deletes: give this run another "
+                "train.output_dir"
+            )
     for name in (*RUN_OUTPUTS, "config.yaml"):  # not a traceback at the first save, after the training
         path, is_dir = out / name, name in _RUN_DIRS
         if path.exists() and path.is_dir() != is_dir:
@@ -309,6 +312,11 @@ def check_output_dir(output_dir: str | Path, resume: bool, overwrite: bool, init
             f"train.output_dir {out} holds an earlier run (checkpoints or metrics.jsonl); pass --resume to "
             "continue it, --overwrite to delete it and start afresh, or choose another train.output_dir"
         )
+
+
+def start_inputs(cfg: PretrainConfig) -> dict[str, str | None]:
+    """The weights a run starts from, by setting: what --overwrite must not delete."""
+    return {"train.init_checkpoint": cfg.train.init_checkpoint, "model.init_from": cfg.model.init_from}
 
 
 def claim_output_dir(cfg: PretrainConfig, overwrite: bool, resumed_step: int | None) -> None:
@@ -441,10 +449,14 @@ RESUME_KEYS = (
 batch, its shuffles follow the seed and chunk_rows; the shards), the schedule and the optimizer's settings."""
 
 
-def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: bool, info: ddp.DistInfo) -> None:
-    """Compare RESUME_KEYS with the config the checkpoint recorded: a change is refused (it would not continue
-    the saved run: another data order, another learning-rate curve) unless `allow_changed` (--allow-changed)."""
-    saved = found.meta().get("config")
+def check_resume(
+    cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: bool, info: ddp.DistInfo, lanes: int | None = None
+) -> None:
+    """Compare RESUME_KEYS with the config the checkpoint recorded, and the data `lanes` (micro-batches per
+    update over all ranks) with the checkpoint's: a change is refused (it would not continue the saved run:
+    another data order, another learning-rate curve) unless `allow_changed` (--allow-changed)."""
+    meta = found.meta()
+    saved = meta.get("config")
     if not isinstance(saved, dict):
         return  # nothing recorded to compare with
     if (name := _recorded(saved, "optim.name")) not in (None, cfg.optim.name):
@@ -455,6 +467,10 @@ def check_resume(cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: boo
         )
     now = asdict(cfg)
     changed = []
+    if lanes is not None and isinstance(meta.get("lanes"), int) and meta["lanes"] != lanes:
+        # packed rows per update round to micro x processes: another process count can change them
+        ranks = f"{meta.get('world_size')} -> {info.world_size} processes"
+        changed.append(f"data lanes {meta['lanes']} -> {lanes} ({ranks})")
     for key in RESUME_KEYS:
         section, name = key.split(".")
         recorded = saved.get(section) or {}
@@ -562,7 +578,7 @@ def setup(
     """Device, model, optimizer, restored state, the compiled step, the data and the logger. Everything the
     files record (shards, vocab, the checkpoint's config) is checked before the model is built."""
     t_created = time.perf_counter()
-    info, device = ddp.init_distributed(cfg.train.device)
+    info, device = ddp.init_distributed(cfg.train.device, cfg.train.ddp_timeout)
     precision = dev.resolve_precision(cfg.train.precision, device)
     shards = open_data(cfg, info)
     vocab_size, vocab_file = resolve_vocab(cfg, shards)
@@ -574,7 +590,7 @@ def setup(
     dev.check_compile_toolchain(device, compile_keys(t, o))
     ckpt_root = Path(t.output_dir) / "checkpoints"
     if resume and (found := ckpt.latest_checkpoint(ckpt_root)) is not None:
-        check_resume(cfg, found, allow_changed, info)
+        check_resume(cfg, found, allow_changed, info, loader.accum * info.world_size)
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
     model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size), info)
     model.to(device)
@@ -699,10 +715,10 @@ def save(run: Run, window: _Window) -> ckpt.Checkpoint | None:
     window.settle(state)
     state.train_seconds = run.train_seconds
     rngs = _gather_rng(run.device)
-    saved = None
-    if run.info.is_main:
+
+    def write() -> ckpt.Checkpoint:
         step = run.step
-        saved = ckpt.save_checkpoint(
+        return ckpt.save_checkpoint(
             run.ckpt_root,
             state.phase_offset + state.step,
             model_writer(run.model, run.bert_cfg, run.cfg.train.task, run.vocab_file),
@@ -719,13 +735,14 @@ def save(run: Run, window: _Window) -> ckpt.Checkpoint | None:
                 "tokens": state.tokens,
                 "precision": run.precision,
                 "world_size": run.info.world_size,
+                "lanes": run.loader.accum * run.info.world_size,  # micro-batches per update: --resume compares them
                 "config": asdict(run.cfg),
             },
             keep_last=run.cfg.train.keep_last,
             _before_rename=run.save_hook,
         )
-    ddp.barrier()
-    return saved
+
+    return ddp.on_main(write)  # rank 0 writes; a full disk there is the same one line on every rank
 
 
 def evaluate_run(run: Run) -> dict[str, float]:
@@ -941,7 +958,7 @@ def run_pretrain(
     `overwrite`: delete an earlier run in train.output_dir instead of refusing it (see `check_output_dir`);
     `allow_changed`: resume although RESUME_KEYS differ from the checkpoint's (see `check_resume`).
     Raises `runtime.preempt.Preempted` after saving when SIGTERM or SIGINT arrives."""
-    check_output_dir(cfg.train.output_dir, resume, overwrite, cfg.train.init_checkpoint)
+    check_output_dir(cfg.train.output_dir, resume, overwrite, start_inputs(cfg))
     with Preemption() as preempt:
         run = setup(cfg, resume, json_summary, _save_hook, allow_changed, overwrite, profile_steps)
         with dev.reproducible_compiled_step(run.device, bool(run.cfg.train.compile)):
