@@ -230,6 +230,15 @@ def test_suite_flags_are_refused_for_one_task(encoder, tmp_path, capsys):
     assert "needs --glue-dir" in capsys.readouterr().err
 
 
+def test_the_suite_under_torchrun_is_refused(encoder, tmp_path, capsys, monkeypatch):
+    """Every rank ran the whole grid, wrote the same results and printed the table."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = ["finetune", "--task", "glue", "--glue-dir", str(tmp_path), "--model", str(encoder)]
+    assert main(argv) == 2
+    assert "runs its grid in one process" in capsys.readouterr().err
+
+
 def _fails_before_any_run(argv: list[str], out: Path, capsys, monkeypatch) -> str:
     """rc 2, one line, no run started and no result written."""
     from bertforge.finetune import runner

@@ -103,7 +103,10 @@ def _task_run(args: argparse.Namespace) -> int:
     run = FinetuneRun(args.task, args.model, train, devs, args.dataset, args.eval_only, args.overwrite)
     summary = run_finetune(run, cfg)
     best = {k: v for k, v in summary["best"].items() if isinstance(v, (int, float))}
-    print(json.dumps({"best": best, "output_dir": cfg.train.output_dir}))
+    from bertforge.runtime.distributed import env_info
+
+    if env_info().is_main:  # under torchrun every rank has the summary: one line, not one per rank
+        print(json.dumps({"best": best, "output_dir": cfg.train.output_dir}))
     return 0
 
 
@@ -149,6 +152,13 @@ def _suite_run(args: argparse.Namespace) -> int:
 
     if not args.glue_dir:
         raise UserError("--task glue needs --glue-dir (a glue_data directory with <TASK>/train.tsv and dev files)")
+    from bertforge.runtime.distributed import env_info
+
+    if env_info().distributed:  # each rank would run the whole grid and write the same results
+        raise UserError(
+            "--task glue runs its grid in one process (GLUE's tasks fine-tune in minutes): launch it without "
+            "torchrun; one task's run (--task NAME) can use several processes"
+        )
     if args.train_file or args.dev_file or args.dataset or args.eval_only:
         raise UserError(
             "--task glue reads --glue-dir only; --train-file/--dev-file/--dataset/--eval-only are for one task"

@@ -556,7 +556,7 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, fast=False, packed=False)
     cfg = dataclasses.replace(cfg, train=train_cfg, optim=optim_cfg)
     t = cfg.train
-    info, device = D.init_distributed(t.device)
+    info, device = D.init_distributed(t.device, t.ddp_timeout)
     dev.check_compile_toolchain(device, compile_keys(t, cfg.optim))
     if t.global_batch_size % (t.micro_batch_size * info.world_size):
         raise UserError(
@@ -661,15 +661,18 @@ def keep_best(s: Session, metrics: dict[str, Any]) -> None:
 
 
 def evaluate_and_keep(s: Session, epoch: float, step: int) -> None:
-    """Rank 0 evaluates, logs and keeps the best model; the other ranks wait."""
-    if s.info.is_main:
+    """Rank 0 evaluates, logs and keeps the best model; the other ranks wait (train.ddp_timeout), and a full disk
+    while rank 0 writes best/ is the same one line on every rank."""
+
+    def work() -> None:
         m = {"epoch": round(epoch, 3), "step": step, **evaluate(s, epoch)}
         s.logger.log(
             step,
             {"eval_" + k.replace("/", "_"): v for k, v in m.items() if isinstance(v, (int, float)) and k != "step"},
         )
         keep_best(s, m)
-    D.barrier()
+
+    D.on_main(work)
 
 
 # ---------------------------------------------------------------------------------------------- the loop
@@ -679,11 +682,15 @@ def micro_batches(
     """This rank's share of a global batch as micro-batches (collated lazily), their count and loss weights.
 
     A micro-batch's mean loss is weighted by its share of the global batch, times the world size because DDP
-    averages over ranks: a short last batch of an epoch is still a plain mean over its rows."""
+    averages over ranks: a short last batch of an epoch is still a plain mean over its rows. A rank left without
+    rows takes one at weight 0."""
     t = s.cfg.train
     mine = rows[s.info.rank :: s.info.world_size]
     parts = [mine[i : i + t.micro_batch_size] for i in range(0, len(mine), t.micro_batch_size)]
     weights = [len(m) / len(rows) * s.info.world_size for m in parts]
+    if not parts:  # fewer rows than ranks (an epoch's last batch): a row of weight 0 keeps this rank in DDP's
+        # gradient all-reduce, where the ranks with rows would otherwise wait for it forever
+        parts, weights = [rows[:1]], [0.0]
     segments = wants_segments(s.device, t.attention, packed=False, fixed=bool(compile_mode(t)))
     batches = (collate(data, m, s.pad_id, s.device, pad_to=pad_to, segments=segments) for m in parts)
     return batches, len(parts), weights
@@ -763,9 +770,7 @@ def _stop_nonfinite(s: Session, step_fn: TrainStep, step: int, count: int) -> No
 
 def _stop_preempted(s: Session, preempt: Preemption, step: int) -> None:
     where = s.out_dir / "interrupted"
-    if s.info.is_main:
-        save_model(s.model, s.mconfig, s.run.model, where, s.task.head, s.task.label_names)
-    D.barrier()
+    D.on_main(lambda: save_model(s.model, s.mconfig, s.run.model, where, s.task.head, s.task.label_names))
     best = f"; the best evaluated model is in {s.out_dir / 'best'}" if s.best else ""
     raise preempt.stopped(
         f"saved the model after update {step} as {where} (Hugging Face format){best}; fine-tuning does not "
