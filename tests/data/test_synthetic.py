@@ -83,6 +83,13 @@ def test_properties():
         _loader(global_batch=10, micro_batch=4)
 
 
+@pytest.mark.parametrize("vocab_size", [1000, 1999, 2000, 30522])
+def test_every_vocab_size_leaves_many_word_ids(vocab_size):
+    """A vocab of 1000 in BERT's layout (words from 999) held one word id: "random" rows every MLM guessed."""
+    t = syn.token_ids(vocab_size)
+    assert vocab_size - t.first_word >= 995
+
+
 # ---------------------------------------------------------------------------------------- well-formed rows
 def _check_unpacked_row(ids, mask, seg, pos, lab, nsp, vocab_size, max_pred):
     t = syn.token_ids(vocab_size)
