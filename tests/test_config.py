@@ -132,8 +132,9 @@ def test_the_ddp_timeout_reaches_the_process_group_and_must_be_positive(monkeypa
     from bertforge.runtime import distributed
     from bertforge.train.loop import run_pretrain
 
-    with pytest.raises(ConfigError, match="train.ddp_timeout is seconds"):
-        C.load_config("pretrain", "demo_tiny_128", ["train.ddp_timeout=0"])
+    for bad in ("0", "1e-9", "1e14", ".nan"):
+        with pytest.raises(ConfigError, match="train.ddp_timeout is seconds between 1 and 604800"):
+            C.load_config("pretrain", "demo_tiny_128", [f"train.ddp_timeout={bad}"])
     seen = []
 
     def init(device, timeout_s):

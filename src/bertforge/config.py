@@ -185,8 +185,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_steps < 0:
             raise ConfigError(f"train.max_steps must be >= 0, got {self.max_steps}")
-        if not 0 < self.ddp_timeout < math.inf:
-            raise ConfigError(f"train.ddp_timeout is seconds: a finite number > 0, got {self.ddp_timeout}")
+        if not 1 <= self.ddp_timeout <= 7 * 86400:  # NaN fails too; more than a week is a hang, not a wait
+            raise ConfigError(f"train.ddp_timeout is seconds between 1 and 604800 (a week), got {self.ddp_timeout}")
         if self.seed < 0:  # numpy's generators (the data order) take no negative seed
             raise ConfigError(f"train.seed must be >= 0, got {self.seed}")
         if not str(self.output_dir).strip():  # "" is the working directory: the run's files would land there

@@ -134,26 +134,26 @@ def test_preemption_flag_and_handlers_restored():
         pass
 
 
-def test_under_a_launcher_a_quick_repeat_is_the_forwarded_copy(monkeypatch):
-    """SLURM signals every process of a step and torchrun forwards its own copy a moment later: taken as a second
-    signal, it killed the workers while they saved. A repeat later than that, or with no launcher, still stops
-    at once."""
-    from bertforge.runtime import preempt
-
+def test_under_a_launcher_a_repeat_is_the_forwarded_copy_and_the_other_signal_stops_at_once(monkeypatch):
+    """SLURM signals every process of a step and torchrun forwards its own copy (handled only after a save of any
+    length): taken as a second signal, it killed the workers while they saved. Under a launcher the other signal
+    stops at once (torchrun sends SIGTERM on a second Ctrl-C); with no launcher, the same one again does."""
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with Preemption() as pre:
         signal.raise_signal(signal.SIGINT)
-        signal.raise_signal(signal.SIGINT)  # the echo: ignored (before: KeyboardInterrupt)
+        signal.raise_signal(signal.SIGINT)  # the copy: ignored (before: KeyboardInterrupt)
+        signal.raise_signal(signal.SIGINT)
         assert pre.signum == signal.SIGINT
         pre.signum = 0  # as if no signal was pending, so the exit raises nothing
-    monkeypatch.setattr(preempt, "LAUNCHER_ECHO_S", 0.0)
-    with pytest.raises(KeyboardInterrupt), Preemption() as pre:
-        signal.raise_signal(signal.SIGINT)
-        signal.raise_signal(signal.SIGINT)  # a real second one: the old behaviour
-    monkeypatch.delenv("RANK")
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.setattr(preempt, "LAUNCHER_ECHO_S", 60.0)
+    terminated = []
+    monkeypatch.setattr(signal, "raise_signal", lambda sig: terminated.append(sig))  # SIGTERM would end pytest
+    with Preemption() as pre:
+        pre._handle(signal.SIGINT, None)
+        pre._handle(signal.SIGTERM, None)  # the other signal: at once
+        pre.signum = 0
+    assert terminated == [signal.SIGTERM]
+    monkeypatch.undo()
     with pytest.raises(KeyboardInterrupt), Preemption() as pre:
         signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)  # no launcher: a second signal is the user's
@@ -223,6 +223,12 @@ def test_overwrite_refuses_the_init_checkpoint_it_would_delete(shards, tmp_path,
     assert main([*argv, f"--set=model.init_from={model}", "--overwrite"]) == 2
     assert f"model.init_from {model} is in train.output_dir" in capsys.readouterr().err
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == steps
+    # elsewhere in output_dir, where --overwrite deletes nothing: allowed
+    import shutil
+
+    kept = shutil.copytree(model, out / "hf_init")
+    assert main([*argv, f"--set=model.init_from={kept}", "--overwrite"]) == 0
+    assert (kept / "config.json").is_file()
 
 
 @pytest.mark.parametrize(

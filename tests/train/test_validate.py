@@ -81,7 +81,8 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
     recorded["lanes"] += 1
     meta.write_text(json.dumps(recorded))
     assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 3})) == 2
-    one_line(capsys.readouterr().err, f"data lanes {recorded['lanes']} -> {recorded['lanes'] - 1} (1 -> 1 processes)")
+    lanes = recorded["lanes"]
+    one_line(capsys.readouterr().err, f"data lanes {lanes} -> {lanes - 1} (1 -> 1 processes: run on 1")
     moved = tmp_path / "moved"
     moved.mkdir()
     for p in shards.iterdir():

@@ -9,10 +9,11 @@ that the training loops read at each step boundary, so they finish the step, sav
 
 A second signal of the same kind while the first is being handled gets the old behaviour (KeyboardInterrupt
 for SIGINT, termination for SIGTERM): a user who presses Ctrl-C twice is not kept waiting. Under a launcher
-(torchrun, srun) a repeat within `LAUNCHER_ECHO_S` is not a second signal but the same one again: SLURM signals
-every process of a step and torchrun forwards its own copy a moment later, which would otherwise kill a worker
-in the middle of saving. Handlers can only be installed from the main thread; elsewhere (a loop run from a
-worker thread) the flag is never set.
+(torchrun, mpirun, srun) a repeat of the same signal is the same stop again, not a second one: SLURM signals
+every process of a step and torchrun forwards its own copy (after a save of any length, once the worker's
+handler runs), which would otherwise kill a worker in the middle of saving. There the other signal stops at
+once: torchrun turns a second Ctrl-C into SIGTERM for its workers. Handlers can only be installed from the main
+thread; elsewhere (a loop run from a worker thread) the flag is never set.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from types import FrameType
 from typing import Any
 
@@ -30,8 +30,6 @@ import torch
 from bertforge.runtime import distributed as ddp
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
-LAUNCHER_ECHO_S = 5.0
-"""Under a launcher, a repeat of the first signal this soon after it is the launcher's forwarded copy."""
 
 
 class Preempted(Exception):
@@ -47,7 +45,6 @@ class Preemption:
 
     def __init__(self) -> None:
         self.signum = 0
-        self._at = 0.0  # when the first signal came (time.monotonic)
         self._launched = False  # started by torchrun, mpirun or srun (read on enter, not inside a handler)
         self._old: dict[int, Any] = {}
 
@@ -67,16 +64,17 @@ class Preemption:
             raise self.stopped("it came after the last step; this run finished and is written, and nothing follows")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum == signum:
-            if self._launched and time.monotonic() - self._at < LAUNCHER_ECHO_S:
-                return  # the launcher's forwarded copy of the one the scheduler sent every process
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))  # the second one: the old behaviour, now
+        if self._launched and self.signum == signum:
+            return  # the same signal again: the launcher's forwarded copy of the one every process got
+        if self.signum and (self._launched or self.signum == signum):  # the second one: the old behaviour, now
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
             signal.raise_signal(signum)
             return
-        self.signum, self._at = signum, time.monotonic()
+        self.signum = signum
         # os.write, not print: the signal may arrive while the loop is inside a print to the same stream, and a
         # buffered stream refuses a reentrant write
-        note = f"received {signal.Signals(signum).name}: stopping at the next step boundary (again: at once)\n"
+        hint = "Ctrl-C again or another signal" if self._launched else "again"
+        note = f"received {signal.Signals(signum).name}: stopping at the next step boundary ({hint}: at once)\n"
         with contextlib.suppress(OSError):
             os.write(2, note.encode())
 

@@ -293,9 +293,11 @@ def check_output_dir(
     out = Path(output_dir)
     if resume and overwrite:
         raise UserError("--resume continues the run in train.output_dir, --overwrite deletes it: pass one of them")
+    deleted = [out.resolve()] + [(out / n).resolve() for n in RUN_OUTPUTS]  # the run dir: its latest checkpoint
     for key, given in (inputs or {}).items():
         init = Path(given).resolve() if given else None
-        if overwrite and init is not None and out.resolve() in (init, *init.parents):
+        inside = init is not None and (init == deleted[0] or any(init.is_relative_to(d) for d in deleted[1:]))
+        if overwrite and inside and holds_run(out):
             raise UserError(
                 f"{key} {given} is in train.output_dir {out}, which --overwrite deletes: give this run another "
                 "train.output_dir"
@@ -469,7 +471,7 @@ def check_resume(
     changed = []
     if lanes is not None and isinstance(meta.get("lanes"), int) and meta["lanes"] != lanes:
         # packed rows per update round to micro x processes: another process count can change them
-        ranks = f"{meta.get('world_size')} -> {info.world_size} processes"
+        ranks = f"{meta.get('world_size')} -> {info.world_size} processes: run on {meta.get('world_size')} to keep them"
         changed.append(f"data lanes {meta['lanes']} -> {lanes} ({ranks})")
     for key in RESUME_KEYS:
         section, name = key.split(".")
