@@ -116,6 +116,7 @@ def test_an_override_that_is_not_yaml_and_unquoted_yaml_text_in_a_file_are_one_l
         (["data.synthetic_seq_len=512", "data.synthetic_pack=3"], "data.synthetic_seq_len, data.synthetic_pack"),
         (["model.preset=modernbert-tiny", "model.global_rope_theta=-1"], "global_rope_theta is a rotary base"),
         (["model.preset=modernbert-tiny", "model.global_rope_theta=.nan"], "global_rope_theta is a rotary base"),
+        (["model.preset=modernbert-tiny", "train.objective=mlm_nsp"], "which modernbert-tiny does not have"),
     ],
 )
 def test_settings_the_run_would_ignore_or_die_on_are_refused(sets, message):

@@ -77,7 +77,8 @@ class ModelConfig:
             rate = getattr(self, name)
             if rate is not None and not 0.0 <= rate < 1.0:
                 raise ConfigError(f"model.{name} must be in [0, 1), got {rate}")
-        if self.global_rope_theta is not None and MODEL_PRESETS[self.preset].model_type != "modernbert":
+        modern = MODEL_PRESETS[self.preset].model_type == "modernbert"
+        if self.global_rope_theta is not None and not modern and not self.init_from:  # init_from: checked at load
             raise ConfigError(f"model.global_rope_theta applies to the modernbert-* presets, not {self.preset!r}")
         if self.global_rope_theta is not None and not 0 < self.global_rope_theta < math.inf:
             raise ConfigError(
@@ -85,6 +86,12 @@ class ModelConfig:
             )
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"model.vocab_size must be at least 8, got {self.vocab_size}")
+
+    def loaded_overrides(self) -> dict[str, float] | None:
+        """What replaces a loaded checkpoint's own settings (`model.init_from`): the dropout rates and a ModernBERT's
+        global rotary base, where set."""
+        theta = {"global_rope_theta": self.global_rope_theta} if self.global_rope_theta is not None else {}
+        return {**(self.dropout_overrides() or {}), **theta} or None
 
     def dropout_overrides(self) -> dict[str, float] | None:
         """The dropout rates to replace in a loaded checkpoint's config (BertConfig fields under their Hugging

@@ -394,3 +394,39 @@ def test_onnx_export(tmp_path, task):
     save_pretrained(build_model(config, task), config, tmp_path / "m", task)
     result = export_onnx(tmp_path / "m", tmp_path / "onnx")
     assert result["head"] == task and result["max_abs_diff"] < 1e-4
+
+
+def test_export_of_the_bare_encoder_loads_as_transformers_modernbertmodel(tmp_path):
+    """`export --task embed` of a ModernBERT was a KeyError (no bare architecture), and its key table kept nothing:
+    transformers would have filled an empty file with random weights."""
+    from bertforge.serve.export import export_hf
+
+    theirs = hf_model(tmp_path)
+    out = export_hf(tmp_path / "hf", tmp_path / "bare", task="embed")
+    bare = transformers.ModernBertModel.from_pretrained(out, attn_implementation="eager").eval()
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["ModernBertModel"]
+    ids, mask = batch(12)
+    with torch.no_grad():
+        want = theirs.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = bare(input_ids=ids, attention_mask=mask).last_hidden_state
+    close(got, want, mask)
+
+
+def test_init_from_takes_the_configured_rotary_base(tmp_path):
+    """`model.init_from` kept the checkpoint's global_rope_theta (10,000 in a phase-1 export; rope_parameters in
+    the file) while config.yaml recorded the setting (160,000): the context-extension presets rely on it."""
+    hf_model(tmp_path)
+    model, config = load_pretrained(tmp_path / "hf", "mlm", config_overrides={"global_rope_theta": 20000.0})
+    assert config.global_rope_theta == 20000.0 and model.config.global_rope_theta == 20000.0
+    own, _ = load_pretrained(tmp_path / "hf", "mlm")
+    assert own.config.global_rope_theta == 160000.0  # the file's (transformers' default)
+    ids, mask = batch(40)
+    with torch.no_grad():  # the rotary tables were built with it: the global layers see other positions
+        assert not torch.allclose(model.eval()(ids, mask).mlm_logits, own.eval()(ids, mask).mlm_logits)
+
+
+def test_a_vocab_mismatch_names_the_setting_to_change():
+    """ModernBERT's word embeddings are `tok_embeddings`: the advice fell through to a head's num_labels."""
+    from bertforge.model.hf_interop import _shape_hint
+
+    assert "set model.vocab_size" in _shape_hint("bert.embeddings.tok_embeddings.weight", 30522)

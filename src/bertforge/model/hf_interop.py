@@ -183,6 +183,8 @@ _SHAPE_HINTS = (
      "at a longer sequence needs a phase 1 built with that many positions)"),
     ("word_embeddings", "the checkpoint has {n} tokens: set model.vocab_size (or data.vocab) to the vocab it was "
      "trained with"),
+    ("tok_embeddings", "the checkpoint has {n} tokens: set model.vocab_size (or data.vocab) to the vocab it was "
+     "trained with"),
     ("token_type_embeddings", "the checkpoint has {n} token types: check type_vocab_size in its config.json"),
 )  # fmt: skip
 
@@ -367,11 +369,13 @@ def load_pretrained(
     `allow_missing_head`: heads (and the pooler) absent from the checkpoint keep their fresh init (fine-tuning
     from a pre-trained encoder); encoder weights must always be present. `reinit_mismatched_head`: so do head
     weights of another shape (fine-tuning a model fine-tuned for another label count). `config_overrides`:
-    BertConfig fields to replace (dropout rates for fine-tuning).
+    BertConfig fields to replace (dropout rates for fine-tuning, a ModernBERT's global rotary base).
     """
     path = Path(path)
     raw, cfile = read_config(path)
     config = config_from_hf({**raw, **(config_overrides or {})}, str(cfile))
+    if config_overrides:  # ours win over any spelling in the file (a ModernBERT's rope_parameters included)
+        config = BertConfig(**{**config.to_dict(), **config_overrides})
     wfile = _weights_file(path)
     sd = normalise_keys(read_state_dict(wfile), config.model_type)
     rows = _word_rows(sd, config.model_type, wfile)

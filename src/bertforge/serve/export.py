@@ -60,7 +60,14 @@ MARKER = "bertforge_export.json"
 SERVE_HEADS = {"qa": "qa", "classify": "classification", "fill-mask": "mlm", "embed": "encoder"}
 ENCODER = "encoder"
 # config.json architectures of a bare encoder (sentence-transformers models, encoder-only checkpoints)
-BARE_ARCHS = {"bert": "BertModel", "roberta": "RobertaModel"}
+BARE_ARCHS = {"bert": "BertModel", "roberta": "RobertaModel", "modernbert": "ModernBertModel"}
+# a bare encoder's weights in a task model's Hugging Face state dict: the prefix its save_pretrained drops, and the
+# modules it keeps
+ENCODER_PARTS = {
+    "bert": ("bert.", ("embeddings.", "encoder.", "pooler.")),
+    "roberta": ("roberta.", ("embeddings.", "encoder.", "pooler.")),
+    "modernbert": ("model.", ("embeddings.", "layers.", "final_norm.")),
+}
 # sentence-transformers' own files: a bare-encoder export keeps them, so the model's pooling travels with it
 ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 
@@ -251,15 +258,17 @@ def load(
 
 
 def save_encoder(model, config, out: Path) -> None:
-    """The encoder (and pooler) as a Hugging Face BertModel/RobertaModel directory: keys without the model prefix,
-    as `BertModel.save_pretrained` writes them."""
+    """The encoder (and pooler) as a Hugging Face BertModel/RobertaModel/ModernBertModel directory: keys without
+    the model prefix, as their `save_pretrained` writes them."""
     from safetensors.torch import save_file
 
     from bertforge.model.hf_interop import hf_state_dict
 
-    prefix = f"{config.model_type}."
-    keep = tuple(prefix + p for p in ("embeddings.", "encoder.", "pooler."))
+    prefix, parts = ENCODER_PARTS[config.model_type]
+    keep = tuple(prefix + p for p in parts)
     sd = {k[len(prefix) :]: v for k, v in hf_state_dict(model).items() if k.startswith(keep)}
+    if not sd:  # transformers would fill an empty file with random weights, without a word
+        raise RuntimeError(f"no {config.model_type} encoder weights under {keep}: the key table is out of date")
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 

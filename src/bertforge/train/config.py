@@ -194,3 +194,13 @@ class PretrainConfig:
     """The run."""
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     """The optimizer."""
+
+    def validate(self) -> None:
+        from bertforge.model.config import MODEL_PRESETS
+
+        modern = MODEL_PRESETS[self.model.preset].model_type == "modernbert"
+        if modern and not self.model.init_from and self.train.objective == "mlm_nsp":  # init_from: checked at load
+            raise ConfigError(
+                f"train.objective mlm_nsp trains BERT's next-sentence head, which {self.model.preset} does not have: "
+                "set train.objective=mlm (MLM-only shards: data shards --objective mlm)"
+            )

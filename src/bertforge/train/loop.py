@@ -407,15 +407,20 @@ def model_name(cfg: PretrainConfig, bert_cfg) -> str:
 
 def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[torch.nn.Module, Any]:
     """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
-    config's dropout rates replace its own); runtime choices applied from outside."""
+    config's dropout rates and rotary base replace its own); runtime choices applied from outside."""
     m = cfg.model
     if m.init_from:
         from bertforge.model.hf_interop import load_pretrained
 
         asked = bert_cfg
         model, bert_cfg = load_pretrained(
-            m.init_from, cfg.train.task, attention=cfg.train.attention, config_overrides=m.dropout_overrides()
+            m.init_from, cfg.train.task, attention=cfg.train.attention, config_overrides=m.loaded_overrides()
         )
+        if m.global_rope_theta is not None and bert_cfg.model_type != "modernbert":
+            raise UserError(
+                f"model.global_rope_theta is a ModernBERT setting; model.init_from {m.init_from} is a "
+                f"{bert_cfg.model_type} model: leave it out"
+            )
         if differ := [f"{k} {getattr(asked, k)}" for k in _shape_diff(asked, bert_cfg)]:
             _log0(
                 info,
@@ -441,6 +446,7 @@ RESUME_KEYS = (
     "optim.schedule",
     "optim.decay",
     "optim.decay_shape",
+    "model.global_rope_theta",
     "train.max_steps",
     "optim.weight_decay",
     "optim.beta1",
