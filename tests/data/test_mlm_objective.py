@@ -199,6 +199,9 @@ def test_bpe_vocab_is_byte_identical_and_a_multiple_of_64(corpus, tmp_path, caps
     assert [tok.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [0, 1, 2, 3, 4]
     text = "Document d3 says wörd — ☃ unseen!"
     assert tok.decode(tok.encode(text).ids).strip() == text  # byte-level: no [UNK], ever
+    # [MASK] takes the space before it, as training masked a whole `Ġword`: no lone `Ġ` before it
+    ids = tok.encode("says [MASK] unseen", add_special_tokens=False).ids
+    assert [tok.id_to_token(i) for i in ids[:2]] == ["Ġsays", "[MASK]"]  # before: Ġsays Ġ [MASK]
     # a tiny corpus runs out of merges: [unusedN] pad the vocab to the multiple
     small = train_bpe([corpus], tmp_path / "small", vocab_size=4000, min_frequency=5)
     assert small.get_vocab_size() % 64 == 0 and small.token_to_id("[unused0]") is not None

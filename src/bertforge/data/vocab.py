@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertforge.errors import UserError
 from bertforge.runtime.io import write_text
@@ -402,6 +402,14 @@ def _bpe_tokenizer(lowercase: bool) -> Tokenizer:
     return tok
 
 
+def mask_takes_its_space(tok: Tokenizer, mask: str = "[MASK]") -> None:
+    """A byte-level BPE's [MASK] takes the space before it (`lstrip`, as Hugging Face's RoBERTa and ModernBERT
+    tokenizers register <mask>): "the cat [MASK] on" is then `Ġcat [MASK] Ġon`, as training masked `Ġsat` whole,
+    not `Ġcat Ġ [MASK] Ġon` with a lone space token the model never saw before a mask."""
+    if mask in tok.get_vocab():
+        tok.add_special_tokens([AddedToken(mask, special=True, lstrip=True)])
+
+
 def train_bpe(
     files: Iterable[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -430,6 +438,7 @@ def train_bpe(
         show_progress=False,
     )
     tok.train_from_iterator(iter_document_lines(paths), trainer=trainer)
+    mask_takes_its_space(tok)
     have = tok.get_vocab_size()
     if have % BPE_MULTIPLE:
         tok.add_special_tokens([f"[unused{unused_tokens + i}]" for i in range(round_vocab_size(have) - have)])

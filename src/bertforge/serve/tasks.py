@@ -278,6 +278,10 @@ class Predictor:
         self.pad = _special(tokenizer, "[PAD]", "<pad>")
         self.mask = _special(tokenizer, "[MASK]", "<mask>") if task == "fill-mask" else None
         self.mask_token = tokenizer.id_to_token(self.mask) if self.mask is not None else None
+        if self.mask_token is not None and type(tokenizer.model).__name__ == "BPE":  # a vocab trained before the fix
+            from bertforge.data.vocab import mask_takes_its_space
+
+            mask_takes_its_space(tokenizer, self.mask_token)
 
     @classmethod
     def from_dir(
