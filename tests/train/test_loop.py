@@ -140,6 +140,16 @@ def test_init_from_takes_the_checkpoints_shape_and_this_configs_dropout(shards, 
     assert config["attention_probs_dropout_prob"] == 0.0
 
 
+def test_rows_longer_than_the_init_from_models_positions_name_the_checkpoint(shards, tmp_path):
+    """The advice was to raise model.max_position_embeddings, which init_from does not use."""
+    run_pretrain(_cfg(shards, tmp_path / "p1", **{"train.max_steps": 1, "model.max_position_embeddings": 32}))
+    model_dir = ckpt.latest_checkpoint(tmp_path / "p1" / "checkpoints").model_dir
+    longer = {"data.input_dir": "synthetic", "data.synthetic_seq_len": 48, "data.synthetic_max_pred": 5}
+    with pytest.raises(UserError) as e:
+        run_pretrain(_cfg(shards, tmp_path / "p2", **{"train.max_steps": 1, "model.init_from": model_dir, **longer}))
+    assert f"rows have 48 tokens but model.init_from {model_dir} has 32 positions" in str(e.value)
+
+
 def test_nonfinite_steps_stop_with_checkpoint(shards, tmp_path):
     out = tmp_path / "nan"
     cfg = _cfg(

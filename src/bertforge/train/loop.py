@@ -150,9 +150,20 @@ def build_loader(cfg: PretrainConfig, shards: ShardSet | None, info: ddp.DistInf
     )
 
 
-def check_fits(loader, shards: ShardSet | None, bert_cfg, eval_dir: str | None = None) -> None:
+def check_fits(
+    loader, shards: ShardSet | None, bert_cfg, eval_dir: str | None = None, init_from: str | None = None
+) -> None:
     """Sequence length and token ids against the model, before the first step (a device-side assert later); a
-    sample of the eval shards' rows too (their seq_len and vocab were checked against the training shards')."""
+    sample of the eval shards' rows too (their seq_len and vocab were checked against the training shards').
+    With `init_from`, the checkpoint's config.json decides the model: a too-long row is named against it (the
+    model.* keys that would raise the limit are not used)."""
+    seq_len = shards.seq_len if shards is not None else loader.seq_len
+    if init_from and seq_len > bert_cfg.max_position_embeddings:
+        raise UserError(
+            f"the data's rows have {seq_len} tokens but model.init_from {init_from} has "
+            f"{bert_cfg.max_position_embeddings} positions: build shorter rows, or start from a checkpoint with "
+            "more positions"
+        )
     if shards is not None:
         shards.check_model(bert_cfg.vocab_size, bert_cfg.max_position_embeddings)
     elif loader.vocab_size > bert_cfg.vocab_size:
@@ -622,7 +633,7 @@ def setup(
     )
     loader.pin_memory = device.type == "cuda"  # page-locked batches: the non-blocking copies overlap the step
     loader.segments = wants_segments(device, t.attention, packed, fixed=bool(compile_mode(t)) or t.fp8)
-    check_fits(loader, shards, bert_cfg, cfg.data.eval_dir)
+    check_fits(loader, shards, bert_cfg, cfg.data.eval_dir, cfg.model.init_from)
     check_profile(profile_steps, t, state)
     if info.is_main:
         claim_output_dir(cfg, overwrite, state.phase_offset + state.step if resumed else None)
