@@ -150,6 +150,32 @@ def test_rows_longer_than_the_init_from_models_positions_name_the_checkpoint(sha
     assert f"rows have 48 tokens but model.init_from {model_dir} has 32 positions" in str(e.value)
 
 
+def test_a_modernbert_init_from_extends_its_context_and_takes_the_rotary_base(shards, tmp_path):
+    """ModernBERT has no position table: a phase from model.init_from may run rows longer than the checkpoint's
+    max_position_embeddings (the preset's count is recorded), with the configured global rotary base; a BERT
+    init_from with a rotary base is refused before its weights are read."""
+    modern = {
+        "model.preset": "modernbert-tiny",
+        "train.objective": "mlm",
+        "data.input_dir": "synthetic",
+        "data.synthetic_seq_len": 32,
+        "data.synthetic_max_pred": 5,
+        "data.synthetic_vocab_size": 100,
+        "model.vocab_size": 128,
+        "train.max_steps": 1,
+    }
+    run_pretrain(_cfg(shards, tmp_path / "p1", **{**modern, "model.max_position_embeddings": 32}))
+    model_dir = ckpt.latest_checkpoint(tmp_path / "p1" / "checkpoints").model_dir
+    longer = {**modern, "data.synthetic_seq_len": 48, "model.init_from": str(model_dir)}
+    run_pretrain(_cfg(shards, tmp_path / "p2", **{**longer, "model.global_rope_theta": 20000.0}))
+    config = json.loads((ckpt.latest_checkpoint(tmp_path / "p2" / "checkpoints").model_dir / "config.json").read_text())
+    assert config["max_position_embeddings"] == 64 and config["global_rope_theta"] == 20000.0
+    run_pretrain(_cfg(shards, tmp_path / "b1", **{"train.max_steps": 1}))
+    bert = ckpt.latest_checkpoint(tmp_path / "b1" / "checkpoints").model_dir
+    with pytest.raises(UserError, match="global_rope_theta is a ModernBERT setting; .* is a bert model"):
+        run_pretrain(_cfg(shards, tmp_path / "b2", **{"model.init_from": str(bert), "model.global_rope_theta": 1e4}))
+
+
 def test_nonfinite_steps_stop_with_checkpoint(shards, tmp_path):
     out = tmp_path / "nan"
     cfg = _cfg(

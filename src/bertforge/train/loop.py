@@ -158,24 +158,24 @@ def check_fits(
     With `init_from`, the checkpoint's config.json decides the model: a too-long row is named against it (the
     model.* keys that would raise the limit are not used)."""
     seq_len = shards.seq_len if shards is not None else loader.seq_len
-    if init_from and seq_len > bert_cfg.max_position_embeddings:
+    positions = bert_cfg.usable_positions  # RoBERTa's start after its padding index
+    if init_from and seq_len > positions:
         raise UserError(
-            f"the data's rows have {seq_len} tokens but model.init_from {init_from} has "
-            f"{bert_cfg.max_position_embeddings} positions: build shorter rows, or start from a checkpoint with "
-            "more positions"
+            f"the data's rows have {seq_len} tokens but model.init_from {init_from} has {positions} positions: "
+            "build shorter rows, or start from a checkpoint with more positions"
         )
     if shards is not None:
-        shards.check_model(bert_cfg.vocab_size, bert_cfg.max_position_embeddings)
+        shards.check_model(bert_cfg.vocab_size, positions)
     elif loader.vocab_size > bert_cfg.vocab_size:
         raise UserError(
             f"data.synthetic_vocab_size {loader.vocab_size} is larger than the model's vocab of "
             f"{bert_cfg.vocab_size} (data.vocab / model.vocab_size): its token ids would fall outside the "
             f"embedding; set data.synthetic_vocab_size={bert_cfg.vocab_size}"
         )
-    elif loader.seq_len > bert_cfg.max_position_embeddings:
+    elif loader.seq_len > positions:
         raise UserError(
-            f"data.synthetic_seq_len {loader.seq_len} is longer than model.max_position_embeddings "
-            f"{bert_cfg.max_position_embeddings}; lower one or raise the other"
+            f"data.synthetic_seq_len {loader.seq_len} is longer than the model's {positions} positions "
+            "(model.max_position_embeddings); lower one or raise the other"
         )
     if eval_dir:
         ShardSet.open(eval_dir).check_rows(bert_cfg.vocab_size)
@@ -416,22 +416,34 @@ def model_name(cfg: PretrainConfig, bert_cfg) -> str:
     return f"{cfg.model.init_from} ({shape}, {bert_cfg.max_position_embeddings} positions)"
 
 
+def _positions(model_dir: str) -> int:
+    """A checkpoint's max_position_embeddings (its config.json)."""
+    from bertforge.model.hf_interop import config_from_hf, read_config
+
+    raw, path = read_config(model_dir)
+    return config_from_hf(raw, str(path)).max_position_embeddings
+
+
 def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[torch.nn.Module, Any]:
     """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
     config's dropout rates and rotary base replace its own); runtime choices applied from outside."""
     m = cfg.model
     if m.init_from:
-        from bertforge.model.hf_interop import load_pretrained
+        from bertforge.model.hf_interop import load_pretrained, read_config
 
         asked = bert_cfg
-        model, bert_cfg = load_pretrained(
-            m.init_from, cfg.train.task, attention=cfg.train.attention, config_overrides=m.loaded_overrides()
-        )
-        if m.global_rope_theta is not None and bert_cfg.model_type != "modernbert":
+        kind = read_config(m.init_from)[0].get("model_type", "bert")  # before any weight is read
+        if m.global_rope_theta is not None and kind != "modernbert":
             raise UserError(
-                f"model.global_rope_theta is a ModernBERT setting; model.init_from {m.init_from} is a "
-                f"{bert_cfg.model_type} model: leave it out"
+                f"model.global_rope_theta is a ModernBERT setting; model.init_from {m.init_from} is a {kind} model: "
+                "leave it out"
             )
+        overrides = m.loaded_overrides() or {}
+        if kind == "modernbert":  # rotary positions, no table to outgrow: a phase extends the context as it says
+            overrides["max_position_embeddings"] = max(asked.max_position_embeddings, _positions(m.init_from))
+        model, bert_cfg = load_pretrained(
+            m.init_from, cfg.train.task, attention=cfg.train.attention, config_overrides=overrides or None
+        )
         if differ := [f"{k} {getattr(asked, k)}" for k in _shape_diff(asked, bert_cfg)]:
             _log0(
                 info,
