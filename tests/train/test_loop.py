@@ -170,6 +170,11 @@ def test_a_modernbert_init_from_extends_its_context_and_takes_the_rotary_base(sh
     run_pretrain(_cfg(shards, tmp_path / "p2", **{**longer, "model.global_rope_theta": 20000.0}))
     config = json.loads((ckpt.latest_checkpoint(tmp_path / "p2" / "checkpoints").model_dir / "config.json").read_text())
     assert config["max_position_embeddings"] == 64 and config["global_rope_theta"] == 20000.0
+    # --resume with the rotary base changed is refused; null and the default it stands for are the same base
+    with pytest.raises(UserError, match="model.global_rope_theta 20000.0 -> 30000.0"):
+        run_pretrain(_cfg(shards, tmp_path / "p2", **{**longer, "model.global_rope_theta": 30000.0}), resume=True)
+    p1 = {**modern, "model.max_position_embeddings": 32, "model.global_rope_theta": 160000.0}
+    assert run_pretrain(_cfg(shards, tmp_path / "p1", **p1), resume=True)["step"] == 1  # finished: resumes, no step
     run_pretrain(_cfg(shards, tmp_path / "b1", **{"train.max_steps": 1}))
     bert = ckpt.latest_checkpoint(tmp_path / "b1" / "checkpoints").model_dir
     with pytest.raises(UserError, match="global_rope_theta is a ModernBERT setting; .* is a bert model"):

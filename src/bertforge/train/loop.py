@@ -184,7 +184,7 @@ def check_fits(
 def build_bert_config(cfg: PretrainConfig, vocab_size: int):
     from bertforge.model.config import BertConfig
 
-    theta = cfg.model.global_rope_theta  # ModernBERT presets only (validated): None keeps the preset's
+    theta = cfg.model.global_rope_theta  # ModernBERT only (validated, or at init_from's load): None keeps the preset's
     return BertConfig.from_preset(
         cfg.model.preset,
         vocab_size=vocab_size,
@@ -512,6 +512,10 @@ def check_resume(
         old, new = recorded[name], now[section][name]
         if key == "data.input_dir" and old and new:
             old, new = str(Path(old).resolve()), str(Path(new).resolve())
+        if key == "model.global_rope_theta":  # null is the model's own base: compare the base that runs
+            from bertforge.model.config import BertConfig
+
+            old, new = (BertConfig.global_rope_theta if v is None else float(v) for v in (old, new))
         if old != new:
             changed.append(f"{key} {old} -> {new}")
     if not changed:
