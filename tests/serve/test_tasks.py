@@ -251,3 +251,25 @@ def test_a_regression_model_served_as_classify_answers_its_score(stsb, tmp_path)
     with pytest.raises(UserError, match="num_labels 0"):
         (one / "config.json").write_text(json.dumps({**raw, "id2label": {}, "num_labels": 0}))
         Predictor.from_dir("classify", one)
+
+
+def test_byte_level_fill_mask_text_is_tokenized_as_training_masked_it(tmp_path):
+    """A byte-level BPE that marks each text's start as a word's gave `Ġcat Ġ [MASK] Ġ .` for "cat [MASK].": a
+    lone space token on each side of the mask, where training masked a whole `Ġsat` before `.`."""
+    from tokenizers import AddedToken
+
+    from bertforge.data.vocab import train_bpe
+    from bertforge.model import BertConfig, build_model
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(["The cat sat on the mat. The dog ran to the park."] * 50))
+    tok = train_bpe([corpus], tmp_path / "bpe", vocab_size=400, min_frequency=1)
+    tok.add_special_tokens([AddedToken("[MASK]", special=True, lstrip=False)])  # as vocabs trained before
+    config = BertConfig.from_preset("tiny", vocab_size=tok.get_vocab_size(), max_position_embeddings=64)
+    p = Predictor("fill-mask", build_model(config, "mlm"), tok, Limits(max_seq_len=64))
+    sat = tok.encode("The cat sat.", add_special_tokens=False).ids
+    masked = [tok.token_to_id("[MASK]") if tok.id_to_token(i) == "Ġsat" else i for i in sat]
+    assert p._mask_text_ids("The cat [MASK].") == masked
+    assert [tok.id_to_token(i) for i in p._mask_text_ids("[MASK] cat [MASK] on")] == ["[MASK]", "Ġcat", "[MASK]", "Ġon"]
+    rows = p._encode_fill_mask({"text": ["The cat [MASK]."]})
+    assert rows[0][1] == [3]  # [CLS] ĠThe Ġcat [MASK] . [SEP]: the mask's position

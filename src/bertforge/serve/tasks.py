@@ -278,10 +278,12 @@ class Predictor:
         self.pad = _special(tokenizer, "[PAD]", "<pad>")
         self.mask = _special(tokenizer, "[MASK]", "<mask>") if task == "fill-mask" else None
         self.mask_token = tokenizer.id_to_token(self.mask) if self.mask is not None else None
+        self._glued = None  # byte-level BPE that marks every text's start as a word's: the same, without that
         if self.mask_token is not None and type(tokenizer.model).__name__ == "BPE":  # a vocab trained before the fix
             from bertforge.data.vocab import mask_takes_its_space
 
             mask_takes_its_space(tokenizer, self.mask_token)
+            self._glued = _without_prefix_space(tokenizer)
 
     @classmethod
     def from_dir(
@@ -477,10 +479,27 @@ class Predictor:
         return [{"embedding": v.astype(np.float32)} for v in vec]
 
     # ---------------------------------------------------------------- fill-mask
+    def _mask_text_ids(self, text: str) -> list[int]:
+        """`text`'s ids, [MASK]s included. A byte-level BPE that adds a space before every text would also add
+        one after each [MASK] ("[MASK]." -> [MASK] Ġ .): the text after a mask is tokenized as it continues
+        there, as training saw it (a masked `Ġsat` before `.`)."""
+        if self._glued is None or self.mask_token is None or self.mask is None:
+            return self.tok.encode(text, add_special_tokens=False).ids
+        pieces = text.split(self.mask_token)
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if k:
+                ids.append(self.mask)
+            piece = piece.rstrip() if k < len(pieces) - 1 else piece  # the mask takes the space before it
+            if piece:
+                tok = self.tok if k == 0 or piece[0].isspace() else self._glued
+                ids += tok.encode(piece, add_special_tokens=False).ids
+        return ids
+
     def _encode_fill_mask(self, inputs: dict[str, list[str]]) -> list[Any]:
         rows = []
         for i, t in enumerate(inputs["text"]):
-            ids = [self.cls, *self.tok.encode(t, add_special_tokens=False).ids, self.sep]
+            ids = [self.cls, *self._mask_text_ids(t), self.sep]
             if len(ids) > self.limits.max_seq_len:
                 raise RequestError(
                     f"input 'text' row {i} is {len(ids)} tokens, over the server's limit of "
@@ -561,6 +580,18 @@ class Predictor:
             {"answer": np.array([b["text"].encode()], dtype=object), "score": np.array([b["score"]], np.float32)}
             for b in best
         ]
+
+
+def _without_prefix_space(tokenizer) -> Any:
+    """A copy of a byte-level tokenizer that adds no space before a text, or None when it adds none anyway."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    pre = tokenizer.pre_tokenizer
+    if not isinstance(pre, pre_tokenizers.ByteLevel) or not pre.add_prefix_space:
+        return None
+    glued = Tokenizer.from_str(tokenizer.to_str())
+    glued.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre.use_regex)
+    return glued
 
 
 def stack_outputs(task: str, rows: list[dict[str, np.ndarray]], outputs: Sequence[IOSpec]) -> dict[str, np.ndarray]:
