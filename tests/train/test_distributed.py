@@ -54,6 +54,7 @@ def test_a_user_error_of_rank_0_alone_is_one_line_on_every_rank(tmp_path):
         "except UserError as e:\n"
         "    print(f'rank {info.rank}: {e}', flush=True)\n"
         "print(f'rank {info.rank}: then {D.on_main(lambda: 42)}', flush=True)\n"
+        "D.barrier()\nD.cleanup()\n"  # gloo's threads left running at exit can abort the process (terminate called ...)
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
     env = {**_env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
