@@ -483,7 +483,7 @@ class Predictor:
         """`text`'s ids, [MASK]s included. A byte-level BPE that adds a space before every text would also add
         one after each [MASK] ("[MASK]." -> [MASK] Ġ .): the text after a mask is tokenized as it continues
         there, as training saw it (a masked `Ġsat` before `.`)."""
-        if self._glued is None or self.mask_token is None or self.mask is None:
+        if self._glued is None or self.mask is None:  # _glued is set only with a mask token
             return self.tok.encode(text, add_special_tokens=False).ids
         pieces = text.split(self.mask_token)
         ids: list[int] = []

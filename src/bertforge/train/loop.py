@@ -416,31 +416,24 @@ def model_name(cfg: PretrainConfig, bert_cfg) -> str:
     return f"{cfg.model.init_from} ({shape}, {bert_cfg.max_position_embeddings} positions)"
 
 
-def _positions(model_dir: str) -> int:
-    """A checkpoint's max_position_embeddings (its config.json)."""
-    from bertforge.model.hf_interop import config_from_hf, read_config
-
-    raw, path = read_config(model_dir)
-    return config_from_hf(raw, str(path)).max_position_embeddings
-
-
 def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[torch.nn.Module, Any]:
     """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
     config's dropout rates and rotary base replace its own); runtime choices applied from outside."""
     m = cfg.model
     if m.init_from:
-        from bertforge.model.hf_interop import load_pretrained, read_config
+        from bertforge.model.hf_interop import config_from_hf, load_pretrained, read_config
 
         asked = bert_cfg
-        kind = read_config(m.init_from)[0].get("model_type", "bert")  # before any weight is read
-        if m.global_rope_theta is not None and kind != "modernbert":
+        raw, path = read_config(m.init_from)  # before any weight is read
+        own = config_from_hf(raw, str(path))
+        if m.global_rope_theta is not None and own.model_type != "modernbert":
             raise UserError(
-                f"model.global_rope_theta is a ModernBERT setting; model.init_from {m.init_from} is a {kind} model: "
-                "leave it out"
+                f"model.global_rope_theta is a ModernBERT setting; model.init_from {m.init_from} is a "
+                f"{own.model_type} model: leave it out"
             )
         overrides = m.loaded_overrides() or {}
-        if kind == "modernbert":  # rotary positions, no table to outgrow: a phase extends the context as it says
-            overrides["max_position_embeddings"] = max(asked.max_position_embeddings, _positions(m.init_from))
+        if own.model_type == "modernbert":  # rotary positions, no table to outgrow: a phase extends the context
+            overrides["max_position_embeddings"] = max(asked.max_position_embeddings, own.max_position_embeddings)
         model, bert_cfg = load_pretrained(
             m.init_from, cfg.train.task, attention=cfg.train.attention, config_overrides=overrides or None
         )
