@@ -500,3 +500,67 @@ def test_a_run_in_the_segmented_layout_trains_as_unpadded(shards, tmp_path, flas
 def _evals(run: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["eval_mlm_acc"] for r in rows if "eval_mlm_acc" in r}
+
+
+def test_each_window_keeps_the_device_time_it_waited_for(shards, tmp_path, monkeypatch):
+    """A logged window ends with a device sync (the update's optimizer kernels finishing on a GPU). That time is
+    the window's; the next window starts after it, and after the log line. It used to be subtracted from the
+    next window as if it were pause: every window after the first came out short by it, and seq/s and MFU high
+    (here a 0.3 s sync stands in for the device; the CPU step itself takes a few ms)."""
+    import time
+
+    from bertforge import device as dev
+
+    monkeypatch.setattr(dev, "synchronize", lambda device=None: time.sleep(0.3))
+    run_pretrain(_cfg(shards, tmp_path / "r", **{"train.max_steps": 4, "train.save_every": 0}))
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    windows = [r["window_s"] for r in rows if "window_s" in r]
+    assert len(windows) == 4 and min(windows) >= 0.3, windows
+    assert all(r["data_wait"] >= 0 for r in rows if "data_wait" in r)
+
+
+def test_the_held_out_loss_does_not_depend_on_the_batch_size(tmp_path):
+    """eval_loss is the held-out set's loss (MLM per masked token + NSP per pair), as one batch of every row
+    gives it: a mean of per-batch means gave a short last batch (here 1 row of 5) the weight of a full one."""
+    from bertforge.model import BertConfig, build_model
+    from bertforge.runtime.distributed import DistInfo
+    from bertforge.train.loop import evaluate
+
+    from .conftest import VOCAB, make_shards
+
+    held_out = make_shards(tmp_path / "held_out", n_shards=1, rows=5)
+    torch.manual_seed(0)
+    model = build_model(BertConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=64), "pretraining")
+    with torch.no_grad():  # rows then differ in loss far more than a random model's near-uniform guesses do
+        for p in model.parameters():
+            p.mul_(8.0)
+    cpu = torch.device("cpu")
+    whole = evaluate(model, held_out, cpu, "fp32", 5, 0, DistInfo(), VOCAB, 1)
+    batched = evaluate(model, held_out, cpu, "fp32", 4, 0, DistInfo(), VOCAB, 1)
+    assert batched == pytest.approx(whole, rel=1e-6)
+
+
+def test_a_stop_between_log_lines_logs_its_last_steps(shards, tmp_path):
+    """train.stop_after_steps between two log lines: the steps since the last line get a row of their own and
+    the summary's final loss is theirs (it was the previous line's, and the stop step's loss was nowhere)."""
+    out = tmp_path / "r"
+    summary = run_pretrain(_cfg(shards, out, **{"train.log_every": 2, "train.stop_after_steps": 3}))
+    losses = _losses(out)
+    assert sorted(losses) == [2, 3] and summary["step"] == 3 and summary["final_loss"] == losses[3]
+    run_pretrain(_cfg(shards, out, **{"train.log_every": 2}), resume=True)
+    assert sorted(_losses(out)) == [2, 3, 4, 6]
+
+
+def test_resume_drops_the_json_summarys_rows_after_the_checkpoint(shards, tmp_path):
+    """--json-summary (dllogger's format) keeps each step once after a resume, as metrics.jsonl does: the rows
+    of steps that run again used to stay beside the new ones."""
+    import shutil
+
+    out, dll = tmp_path / "r", tmp_path / "dll.json"
+    run_pretrain(_cfg(shards, out, **{"train.stop_after_steps": 5}), json_summary=str(dll))
+    shutil.rmtree(ckpt.latest_checkpoint(out / "checkpoints").path)  # back to step 3: steps 4 and 5 run again
+    run_pretrain(_cfg(shards, out), resume=True, json_summary=str(dll))
+    records = [json.loads(line.removeprefix("DLLL ")) for line in dll.read_text().splitlines()]
+    steps = [r["step"] for r in records if r["type"] == "LOG" and "loss" in r["data"]]
+    assert steps == [1, 2, 3, 4, 5, 6] and sorted(_losses(out)) == steps
+    assert [r["type"] for r in records].count("PARAMETER") == 2  # each start's configuration stays

@@ -229,7 +229,7 @@ def evaluate(
     compiled model evaluates in the layout it was compiled for."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(6, dtype=torch.float64, device=device)  # loss·n, n, mlm ok, mlm n, nsp ok, nsp n
+    sums = torch.zeros(6, dtype=torch.float64, device=device)  # mlm loss·n, nsp loss·n, mlm ok, mlm n, nsp ok, nsp n
     for batch in eval_batches(
         directory,
         batch_size,
@@ -243,12 +243,14 @@ def evaluate(
         batch = to_device(with_segments(batch) if segments else batch, device)
         with dev.autocast(device, precision):
             out = model(**batch)
-        one = torch.ones((), dtype=torch.float64, device=device)
-        sums += torch.stack([out.loss.double(), one, *_scores(out, device)])
+        scores = _scores(out, device)  # the losses weighted by their slots: a short last batch weighs its share
+        nsp_loss = out.nsp_loss.double() * scores[3] if out.nsp_loss is not None else scores[3]
+        sums += torch.stack([out.mlm_loss.double() * scores[1], nsp_loss, *scores])
     ddp.all_reduce_sum(sums)
     model.train(was_training)
     s = sums.tolist()
-    metrics = {"eval_loss": s[0] / max(s[1], 1), "eval_mlm_acc": s[2] / max(s[3], 1)}
+    # the loss of the whole held-out set, as training's: MLM mean over its masked tokens + NSP mean over its pairs
+    metrics = {"eval_loss": s[0] / max(s[3], 1) + s[1] / max(s[5], 1), "eval_mlm_acc": s[2] / max(s[3], 1)}
     if s[5]:
         metrics["eval_nsp_acc"] = s[4] / s[5]
     return metrics
@@ -332,30 +334,44 @@ def start_inputs(cfg: PretrainConfig) -> dict[str, str | None]:
     return {"train.init_checkpoint": cfg.train.init_checkpoint, "model.init_from": cfg.model.init_from}
 
 
-def claim_output_dir(cfg: PretrainConfig, overwrite: bool, resumed_step: int | None) -> None:
+def claim_output_dir(
+    cfg: PretrainConfig, overwrite: bool, resumed_step: int | None, json_summary: str | None = None
+) -> None:
     """Rank 0, once the data, vocab, model and checkpoint have passed their checks: delete an earlier run
-    (`overwrite`: nothing of it is mistaken for this run's), drop metrics.jsonl rows past the resumed
-    checkpoint's step, write config.yaml. Nothing in output_dir changes before this, so a refused start
-    leaves an earlier run as it was."""
+    (`overwrite`: nothing of it is mistaken for this run's), drop metrics.jsonl (and --json-summary) rows past
+    the resumed checkpoint's step, write config.yaml. Nothing in output_dir changes before this, so a refused
+    start leaves an earlier run as it was."""
     out = Path(cfg.train.output_dir)
     if overwrite and holds_run(out):
         delete_outputs([out / n for n in RUN_OUTPUTS if (out / n).exists()], out, say=lambda m: print(m, flush=True))
-    if resumed_step is not None and (n := trim_metrics(out / "metrics.jsonl", resumed_step)):
-        print(f"metrics.jsonl: dropped {n} rows after the checkpoint's step; those steps run again", flush=True)
+    logs = [(out / "metrics.jsonl", _row_step), *([(Path(json_summary), _dll_step)] if json_summary else [])]
+    for path, step_of in logs if resumed_step is not None else []:
+        if n := trim_metrics(path, resumed_step, step_of):
+            print(f"{path.name}: dropped {n} rows after the checkpoint's step; those steps run again", flush=True)
     out.mkdir(parents=True, exist_ok=True)  # the CLI has made it; a caller of run_pretrain may not have
     save_config(cfg, out / "config.yaml")
 
 
-def trim_metrics(path: Path, global_step: int) -> int:
-    """Drop metrics.jsonl rows after `global_step` (and a torn last line), atomically; returns rows dropped."""
+def trim_metrics(path: Path, global_step: int, step_of: Callable[[str], int | None] | None = None) -> int:
+    """Drop metrics.jsonl rows after `global_step` (and a torn last line), atomically; returns rows dropped.
+    `step_of`: a line's step (None: drop it), for another format than metrics.jsonl's."""
     if not path.is_file():
         return 0
     lines = path.read_text(encoding="utf-8").splitlines()
-    steps = [_row_step(line) for line in lines]  # None: a torn or foreign line
+    steps = [(step_of or _row_step)(line) for line in lines]  # None: a torn or foreign line
     kept = [line for line, step in zip(lines, steps) if step is not None and step <= global_step]
     if len(kept) != len(lines):
         write_text(path, "".join(line + "\n" for line in kept))
     return len(lines) - len(kept)
+
+
+def _dll_step(line: str) -> int | None:
+    """A dllogger line's step; -1 (kept) for records of no step (PARAMETER, the summary); None when torn."""
+    try:
+        step = json.loads(line.removeprefix("DLLL ")).get("step") if line.startswith("DLLL ") else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    return step if isinstance(step, int) else -1
 
 
 def _row_step(line: str) -> int | None:
@@ -645,7 +661,7 @@ def setup(
     check_fits(loader, shards, bert_cfg, cfg.data.eval_dir, cfg.model.init_from)
     check_profile(profile_steps, t, state)
     if info.is_main:
-        claim_output_dir(cfg, overwrite, state.phase_offset + state.step if resumed else None)
+        claim_output_dir(cfg, overwrite, state.phase_offset + state.step if resumed else None, json_summary)
     # steps are logged run-wide (a phase 2 goes on from phase 1's count), so the total is too: "step 7040/8601"
     total = state.phase_offset + t.max_steps
     logger = MetricsLogger(
@@ -837,19 +853,29 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
             if nonfinite_run >= t.max_nonfinite_steps:
                 _stop_nonfinite(run, window, nonfinite_run)
             continue
-        t_pause = time.perf_counter()  # eval and checkpoint time stays out of the throughput window
-        if state.step % t.log_every == 0 or state.step == t.max_steps:
+        last = state.step == t.max_steps
+        logging = state.step % t.log_every == 0 or last
+        evaluating = bool(run.cfg.data.eval_dir) and (state.step % t.eval_every == 0 or last)
+        saving = bool(t.save_every) and (state.step % t.save_every == 0 or last)
+        if logging:  # the window ends once the device has finished this update (its optimizer kernels too)
             _log_window(run, window, lr)
-        if run.cfg.data.eval_dir and (state.step % t.eval_every == 0 or state.step == t.max_steps):
+        elif evaluating or saving:
+            dev.synchronize(run.device)  # this update's last kernels are its window's time, not the pause's
+        t_pause = time.perf_counter()  # the log line, eval and checkpoints stay out of the throughput window
+        if evaluating:
             eval_metrics = evaluate_run(run)
             run.logger.log(state.phase_offset + state.step, eval_metrics)
             last_eval = state.step
-        if t.save_every and (state.step % t.save_every == 0 or state.step == t.max_steps):
+        if saving:
             save(run, window)
             last_saved = state.step
-        if preempt is not None and preempt.agreed(run.device):
+        # a flushed window starts now; an open one skips the pause. (Not `t0 += pause` after a flush: flush()
+        # already restarted t0 after its device sync, which that window counted, and the next would lose it)
+        window.t0 = time.perf_counter() if logging else window.t0 + time.perf_counter() - t_pause
+        if preempt is not None and preempt.agreed(run.device):  # an all-reduce under torchrun: loop time
             _stop_preempted(run, preempt, window, lr, last_saved)
-        window.t0 += time.perf_counter() - t_pause
+    if window.updates:  # stopped between two log lines (train.stop_after_steps): those steps get their row
+        _log_window(run, window, lr)
     if t.save_every and last_saved != state.step:
         save(run, window)
     if run.cfg.data.eval_dir and last_eval != state.step:
