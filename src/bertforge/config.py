@@ -248,7 +248,7 @@ class OptimConfig:
     warmup: float = 0.2843
     """Fraction of the steps spent warming up."""
     schedule: str = "poly"
-    """poly (NVIDIA PolyWarmUp, degree 0.5), linear (Google/HF: linear warmup, linear decay) or wsd
+    """poly (NVIDIA PolyWarmUp, degree 0.5), linear (Hugging Face's: linear warmup, linear decay) or wsd
     (warmup-stable-decay, trapezoidal: the peak held until the last optim.decay of the steps)."""
     decay: float = 0.1
     """schedule wsd: fraction of the steps in the final decay to 0 (warmup + decay <= 1)."""

@@ -20,12 +20,13 @@ TABLE = [
     # NVIDIA phase 2: lr 4e-3, warmup 0.128, 1563 steps
     (100, 4e-3, 1563, 0.128, "poly", 4e-3 * 100 / 200.064),
     (201, 4e-3, 1563, 0.128, "poly", 4e-3 * (1362 / 1563) ** 0.5),
-    # linear (Google/HF): 10 warmup steps of 100
-    (5, 1e-4, 100, 0.1, "linear", 5e-5),
-    (10, 1e-4, 100, 0.1, "linear", 1e-4),
-    (55, 1e-4, 100, 0.1, "linear", 1e-4 * 45 / 90),
-    (100, 1e-4, 100, 0.1, "linear", 0.0),
-    (0, 1e-4, 100, 0.0, "linear", 1e-4),
+    # linear (Hugging Face): 10 warmup steps of 100; update n runs at HF's step n - 1
+    (1, 1e-4, 100, 0.1, "linear", 0.0),
+    (6, 1e-4, 100, 0.1, "linear", 5e-5),
+    (11, 1e-4, 100, 0.1, "linear", 1e-4),
+    (56, 1e-4, 100, 0.1, "linear", 1e-4 * 45 / 90),
+    (100, 1e-4, 100, 0.1, "linear", 1e-4 / 90),
+    (1, 1e-4, 100, 0.0, "linear", 1e-4),
 ]
 
 
@@ -95,3 +96,23 @@ def test_wsd_config_checks():
         OptimConfig(schedule="wsd", decay_shape="cosine").validate()
     with pytest.raises(ValueError, match="decay shape"):
         lr_at(90, 1.0, 100, 0.1, "wsd", 0.2, "cosine")
+
+
+@pytest.mark.parametrize("max_steps,warmup", [(100, 0.1), (37, 0.1), (10, 0.0), (7, 0.5), (3, 0.34)])
+def test_linear_is_hugging_faces_schedule_update_for_update(max_steps, warmup):
+    """The lr of every update equals what transformers' linear schedule gives it in a Trainer-style loop
+    (`optimizer.step(); scheduler.step()`, ceil(warmup_ratio * steps) warmup steps)."""
+    import math
+
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-5)
+    sched = transformers.get_linear_schedule_with_warmup(opt, math.ceil(warmup * max_steps), max_steps)
+    hf = []
+    for _ in range(max_steps):
+        hf.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    ours = [lr_at(n, 2e-5, max_steps, warmup, "linear") for n in range(1, max_steps + 1)]
+    assert ours == pytest.approx(hf, rel=1e-12, abs=1e-18)

@@ -106,7 +106,7 @@ class FinetuneOptimConfig(OptimConfig):
     warmup: float = 0.1
     """Fraction of the updates spent warming up."""
     schedule: str = "linear"
-    """linear (Google/HF: linear warm-up, linear decay to 0) or poly (NVIDIA PolyWarmUp, degree 0.5)."""
+    """linear (Hugging Face's: linear warm-up, linear decay to 0) or poly (NVIDIA PolyWarmUp, degree 0.5)."""
 
 
 @dataclasses.dataclass

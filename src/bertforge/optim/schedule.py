@@ -5,6 +5,7 @@
 `step` is the 1-based number of the update about to be taken, counting successful updates only (a skipped
 non-finite step does not advance it). This matches NVIDIA DeepLearningExamples BERT, which calls
 `lr_scheduler.step()` right before `optimizer.step()`, so its first update already uses progress 1/max_steps.
+`linear` follows Hugging Face, whose scheduler steps after the update (its first update uses step 0).
 
 `wsd` is the warmup-stable-decay ("trapezoidal") schedule of MiniCPM (Hu et al. 2024, arXiv 2404.06395) and
 Hägele et al. 2024 (arXiv 2405.18392): linear warmup, the peak held, then a decay to 0 over the last
@@ -17,6 +18,8 @@ again (`phase_step`), and a resume in the middle of phase 2 continues from the p
 
 from __future__ import annotations
 
+import math
+
 
 def poly_warmup(step: int, base_lr: float, max_steps: int, warmup: float, degree: float = 0.5) -> float:
     """NVIDIA PolyWarmUpScheduler: linear warmup over a fraction `warmup` of the steps, then (1 − p)^degree."""
@@ -27,11 +30,15 @@ def poly_warmup(step: int, base_lr: float, max_steps: int, warmup: float, degree
 
 
 def linear_warmup(step: int, base_lr: float, max_steps: int, warmup: float) -> float:
-    """Google BERT / Hugging Face `get_linear_schedule_with_warmup`: linear up, then linear down to 0."""
-    warmup_steps = warmup * max_steps
-    if step < warmup_steps:
-        return base_lr * step / warmup_steps
-    return base_lr * max(0.0, (max_steps - step) / max(1.0, max_steps - warmup_steps))
+    """Hugging Face `get_linear_schedule_with_warmup` as the Trainer sets it up (run_glue, run_qa): linear up over
+    ceil(warmup * max_steps) updates, then linear down to 0 at max_steps. HF steps its scheduler after each
+    update, so update `step` (1-based) runs at HF's step - 1: the first at 0 when there is a warmup, the last
+    above 0. (Google's optimization.py decays over all the steps, not the steps after the warmup.)"""
+    s = step - 1
+    warmup_steps = math.ceil(warmup * max_steps)
+    if s < warmup_steps:
+        return base_lr * s / max(1, warmup_steps)
+    return base_lr * max(0.0, (max_steps - s) / max(1, max_steps - warmup_steps))
 
 
 DECAY_SHAPES = ("linear", "1-sqrt")
