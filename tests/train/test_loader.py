@@ -222,3 +222,19 @@ def test_loader_reads_through_a_shardset(shards):
     assert by_dir.spec.files == [str(f) for f in s.files] and sum(by_dir.spec.rows) == s.rows
     for x, y in zip(_take(by_dir.iterate(), 3), _take(by_set.iterate(), 3)):
         _eq(x, y)
+
+
+def test_dynamic_masking_keeps_the_shards_max_pred_unless_a_rate_is_given(tmp_path):
+    """Google's rule caps predictions at max_pred (min(max_pred, round(0.15 x length))), as static masking
+    does: rows of 64 tokens get 4, not 10. A rate set in data.mlm_probability is not capped by the shards'."""
+    from bertforge.data.loader import masking_overrides
+    from bertforge.data.shardset import ShardSet
+
+    d = tmp_path / "dyn"
+    d.mkdir()
+    _dynamic_shard(d / "shard_0.hdf5", seq_len=64)  # max_pred 4, rate 0.15: a full row would take 10
+    batch = next(iter(PretrainLoader.from_dir(d, 8, 8, 0, 1, seed=0, num_workers=0, vocab_size=64).iterate()))
+    assert batch["masked_positions"].shape[1] == 4 and int((batch["masked_positions"] > 0).sum(1).max()) == 4
+    shards = ShardSet.open(d)
+    assert masking_overrides(shards, None)["max_pred"] == 4
+    assert masking_overrides(shards, 0.15)["max_pred"] == 10 and masking_overrides(shards, 0.3)["max_pred"] == 19

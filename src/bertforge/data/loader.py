@@ -470,8 +470,10 @@ def masking_overrides(
     shards: ShardSet, mlm_probability: float | None, mask_split: tuple[float, float] = REPLACE_SPLIT
 ) -> dict[str, Any]:
     """The LoaderSpec fields that data.mlm_probability and the replacement split set for `shards`: the rate, the
-    split, and masked-LM slots widened to a full row's round(seq_len x rate) so a higher rate is not capped by
-    the shards' max_pred. Shards masked at creation take neither (a UserError unless both are the defaults)."""
+    split, and the masked-LM slots. At the shards' own rate the slots are the shards' max_pred, the cap of
+    Google's rule (min(max_pred, round(length x rate))), as static masking applies it; a rate given in
+    data.mlm_probability widens them to a full row's round(seq_len x rate), so the shards' cap does not bind it.
+    Shards masked at creation take neither (a UserError unless both are the defaults)."""
     split = (float(mask_split[0]), float(mask_split[1]))
     if shards.kind not in LOADER_MASKED:
         if mlm_probability is not None or split != REPLACE_SPLIT:
@@ -484,7 +486,8 @@ def masking_overrides(
         return {}
     check_replace_split(split)
     rate = mlm_probability if mlm_probability is not None else shards.masking_params().get("masked_lm_prob", 0.15)
-    slots = max(shards.max_pred or 20, int(num_to_predict(shards.seq_len, shards.seq_len, rate)))
+    full_row = int(num_to_predict(shards.seq_len, shards.seq_len, rate))
+    slots = max(shards.max_pred or 20, full_row) if mlm_probability is not None else shards.max_pred or full_row
     return {"masked_lm_prob": float(rate), "mask_split": split, "max_pred": slots}
 
 
