@@ -345,8 +345,8 @@ def claim_output_dir(
     if overwrite and holds_run(out):
         delete_outputs([out / n for n in RUN_OUTPUTS if (out / n).exists()], out, say=lambda m: print(m, flush=True))
     logs = [(out / "metrics.jsonl", _row_step), *([(Path(json_summary), _dll_step)] if json_summary else [])]
-    for path, step_of in logs if resumed_step is not None else []:
-        if n := trim_metrics(path, resumed_step, step_of):
+    for path, step_of in logs:
+        if resumed_step is not None and (n := trim_metrics(path, resumed_step, step_of)):
             print(f"{path.name}: dropped {n} rows after the checkpoint's step; those steps run again", flush=True)
     out.mkdir(parents=True, exist_ok=True)  # the CLI has made it; a caller of run_pretrain may not have
     save_config(cfg, out / "config.yaml")
