@@ -186,23 +186,41 @@ def load_hf(task: str, split: str, dataset: str = "glue") -> GlueExamples:
         labels = [float(row["label"]) for row in ds]
     else:
         # HF's ClassLabel order can differ from the TSV label strings (MNLI): map through the label names
-        names = ds.features["label"].names
-        ours = {
-            "not_equivalent": "0",
-            "equivalent": "1",
-            "unacceptable": "0",
-            "acceptable": "1",
-            "negative": "0",
-            "positive": "1",
-            "not_duplicate": "0",
-            "duplicate": "1",
-            "not_entailment": "not_entailment",
-        }
-        mapped = [ours.get(n, n) for n in names]
-        if task == "wnli":
-            mapped = ["0", "1"]
-        labels = [spec.labels.index(mapped[row["label"]]) for row in ds]  # type: ignore[union-attr]
+        ids = [spec.labels.index(label_of(task, n)) for n in ds.features["label"].names]  # type: ignore[union-attr]
+        labels = [ids[row["label"]] for row in ds]
     return GlueExamples(texts, labels, f"hf:{dataset}/{task}/{split}")
+
+
+# Other sources' names for the TSV label strings, lower case: Hugging Face `glue`'s ClassLabel names, which
+# transformers' run_glue writes as a checkpoint's id2label (roberta-large-mnli's are the same in upper case)
+LABEL_ALIASES = {
+    "not_equivalent": "0",
+    "equivalent": "1",
+    "unacceptable": "0",
+    "acceptable": "1",
+    "negative": "0",
+    "positive": "1",
+    "not_duplicate": "0",
+    "duplicate": "1",
+}
+# WNLI's TSV says 1 for entailment, where QNLI and RTE write the word
+TASK_LABEL_ALIASES = {"wnli": {"not_entailment": "0", "entailment": "1"}}
+
+
+def label_of(task: str, name: str) -> str:
+    """Another source's label `name` (any case) as the task's TSV label string; other names lower-cased."""
+    name = name.lower()
+    return TASK_LABEL_ALIASES.get(task, {}).get(name) or LABEL_ALIASES.get(name, name)
+
+
+def class_ids_of(task: str, names: Sequence[str]) -> list[int] | None:
+    """The task's class id of each of a checkpoint's labels (its id2label names, in id order) when they name the
+    task's labels in some order; None when they do not (generic LABEL_i names, another task's labels)."""
+    spec = get_task(task)
+    ours = [label_of(task, n) for n in names]
+    if spec.labels is None or sorted(ours) != sorted(spec.labels):
+        return None
+    return [spec.labels.index(n) for n in ours]
 
 
 def evaluate(task: str, outputs: np.ndarray, labels: Sequence[float]) -> dict[str, float]:

@@ -104,7 +104,10 @@ class Encoded:
 
 
 def encode_glue(tokenizer, examples: glue.GlueExamples, max_seq_len: int, regression: bool) -> Encoded:
-    """[CLS] a [SEP] (b [SEP]) with longest-first truncation to max_seq_len, as BERT's run_classifier."""
+    """[CLS] a [SEP] (b [SEP]) truncated to max_seq_len by Hugging Face tokenizers' longest_first, as HF run_glue.
+    Google's run_classifier (and NVIDIA's) differ at a tie: they cut b when both texts are equally long, HF
+    tokenizers cut a, so a pair of equal lengths left with an odd number of tokens to drop keeps one more token
+    of b here."""
     tokenizer.enable_truncation(max_seq_len, strategy="longest_first")
     try:
         inputs = [t if len(t) == 2 else t[0] for t in examples.texts]
@@ -273,7 +276,9 @@ def _squad_task(
             squad.write_json(out_dir / f"nbest_predictions{suffix}.json", nbest)
             if v2:
                 squad.write_json(out_dir / f"null_odds{suffix}.json", null_odds)
-                return squad_v2_scores(data, preds, null_odds)
+                # no-answer above the prediction rule's threshold (not the official script's 1.0, which treats
+                # the odds as a probability): the override changes nothing, and EM/F1 score predictions.json
+                return squad_v2_scores(data, preds, null_odds, na_prob_thresh=cfg.null_score_diff_threshold)
             return squad_v1_scores(data, preds)
 
         evals.append((Path(path).stem, encode_squad(feats), score))
@@ -319,11 +324,13 @@ def load_model(
     config_overrides: dict[str, Any] | None = None,
     training: bool = True,
     say: Callable[[str], None] = print,
+    task: str | None = None,
 ):
     """The --model checkpoint with a `head` (`config_overrides`: BertConfig fields in Hugging Face names, the
     dropout rates of `FinetuneModelConfig.overrides()`). Training starts a head the checkpoint lacks, or has at
     another size (another task's label count), from a fresh init; an evaluation refuses both (it would score an
-    untrained head)."""
+    untrained head). A GLUE `task`'s trained classifier has its rows put in the task's label order
+    (`_align_head_labels`)."""
     from bertforge.model import hf_interop
 
     check_model_dir(model_dir)
@@ -344,7 +351,49 @@ def load_model(
         )
     elif not training:
         _check_trained_head(model_dir, head, num_labels, model.hf_load_info)
+    if head == "classification" and task in glue.GLUE_TASKS and _head_trained(model):
+        _align_head_labels(model, model_dir, task, say)
     return model, config
+
+
+def _head_trained(model) -> bool:
+    """The head's weights all came from the checkpoint (none started fresh)."""
+    from bertforge.model.heads import TASK_HEADS
+
+    info, prefix = model.hf_load_info, TASK_HEADS[model.task].name + "."
+    return not any(k.startswith(prefix) for k in info["initialised"] + info["reinitialised"])
+
+
+def _align_head_labels(model, model_dir: str, task: str, say: Callable[[str], None]) -> None:
+    """A classifier trained elsewhere numbers its classes in its id2label's order (transformers' run_glue: the
+    `datasets` order; roberta-large-mnli: another, upper case), bertforge in the task's TSV label order: where
+    the names are the task's labels in another order, reorder the rows, as run_glue remaps through label2id.
+    Generic LABEL_i names are taken to be in the task's order; other names are kept, and said."""
+    from bertforge.model.hf_interop import label_names_of, read_config
+
+    names = label_names_of(read_config(model_dir)[0])
+    labels = glue.get_task(task).labels
+    if not names or labels is None or all(n.upper().startswith("LABEL_") for n in names):
+        return
+    ids = glue.class_ids_of(task, names)
+    if ids is None:
+        say(
+            f"--model {model_dir}: its id2label ({', '.join(names)}) does not name {task}'s labels "
+            f"({', '.join(labels)}): its classifier's rows are taken as those labels, in that order"
+        )
+        return
+    if ids == sorted(ids):
+        return
+    order = [ids.index(j) for j in range(len(ids))]  # the checkpoint's row of each of our class ids
+    with torch.no_grad():
+        head = model.head
+        head.weight.copy_(head.weight[order].clone())
+        if head.bias is not None:
+            head.bias.copy_(head.bias[order].clone())
+    say(
+        f"--model {model_dir}: its classifier's rows ({', '.join(names)}) reordered to {task}'s label order "
+        f"({', '.join(labels)}), as its config.json's id2label says"
+    )
 
 
 def _other_head(model_dir: str, keys: list[str]) -> str:
@@ -572,7 +621,8 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     t_setup = time.perf_counter()
     tokenizer = load_tokenizer(run.model)
     head, num_labels = task_head(run.task)
-    model, mconfig = load_model(run.model, head, num_labels, t.attention, cfg.model.overrides(), not run.eval_only, say)
+    overrides = cfg.model.overrides()
+    model, mconfig = load_model(run.model, head, num_labels, t.attention, overrides, not run.eval_only, say, run.task)
     check_vocab(run.model, tokenizer, mconfig.vocab_size)  # before tokenizing: a mismatch fails in seconds
     check_seq_len(run.model, cfg.task.max_seq_len, mconfig)
     task = run.task_data or (
