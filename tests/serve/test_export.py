@@ -239,3 +239,64 @@ def test_onnx_export_writes_the_config_of_the_exported_head(head_models, tmp_pat
     onnx_cfg = json.loads((tmp_path / "onnx" / "config.json").read_text())
     assert onnx_cfg["architectures"] == ["BertForSequenceClassification"]
     assert onnx_cfg == json.loads((tmp_path / "hf" / "config.json").read_text())
+
+
+# (source problem_type, labels, a batch of labels of its kind): what the exported config.json must say for each
+_PROBLEMS = {
+    "multi-label": ("multi_label_classification", 3, [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]),
+    "regression": ("regression", 1, [0.7, -1.2]),
+    "absent": (None, 3, [2, 0]),  # no problem_type: transformers infers single-label from class-id labels
+}
+
+
+def _hf_classifier(tmp_path, problem_type, num_labels, arch="BertForSequenceClassification"):
+    """A tiny transformers `arch` (a classifier, or BertModel: no head) saved as its save_pretrained writes it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+        num_labels=num_labels, problem_type=problem_type,
+    )  # fmt: skip
+    model = getattr(transformers, arch)(cfg).eval()
+    model.save_pretrained(tmp_path / "src")
+    return model, tmp_path / "src"
+
+
+@pytest.mark.parametrize("case", list(_PROBLEMS))
+def test_hf_export_keeps_the_problem_type_and_the_loss(tmp_path, case):
+    """config_to_hf wrote single_label_classification whatever the source said: a multi-label model came back
+    single-label (softmax pipeline, cross-entropy loss, which refused its multi-hot labels), and both formats'
+    config.json said so. The source's problem_type is kept; absent, it is what transformers infers."""
+    transformers = pytest.importorskip("transformers")
+    given, num_labels, labels = _PROBLEMS[case]
+    source, src = _hf_classifier(tmp_path, given, num_labels)
+    want = given or "single_label_classification"
+    out = export.export_hf(src, tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["problem_type"] == want
+    exported = transformers.AutoModelForSequenceClassification.from_pretrained(out).eval()
+    x, y = torch.tensor([[2, 5, 7, 3], [2, 9, 3, 0]]), torch.tensor(labels)
+    with torch.inference_mode():
+        a = source(x, attention_mask=(x > 0).long(), labels=y)
+        b = exported(x, attention_mask=(x > 0).long(), labels=y)
+    assert exported.config.problem_type == source.config.problem_type == want  # the source's inferred on its call
+    torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(b.loss, a.loss, atol=1e-5, rtol=0)
+    pytest.importorskip("onnxruntime")  # the ONNX directory's config.json is the same file; the graph gives logits
+    export.export_onnx(src, tmp_path / "onnx")
+    assert json.loads((tmp_path / "onnx" / "config.json").read_text()) == json.loads((out / "config.json").read_text())
+
+
+def test_a_head_of_another_label_count_gets_the_default_problem_type(tmp_path):
+    """A fresh head (--init-head) of the source's label count keeps its problem_type; one of another count
+    (--num-labels) gets the default for that count (one label: regression, which transformers loads; it refuses
+    single_label_classification with one label). An unknown problem_type is one line naming the file."""
+    transformers = pytest.importorskip("transformers")
+    _, src = _hf_classifier(tmp_path, "multi_label_classification", 3, "BertModel")  # a config without a head
+    for n, want in ((None, "multi_label_classification"), (5, "single_label_classification"), (1, "regression")):
+        out = export.export_hf(src, tmp_path / f"n{n}", "classify", init_head=True, num_labels=n)
+        assert json.loads((out / "config.json").read_text())["problem_type"] == want, n
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "n1").problem_type == "regression"
+    raw = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**raw, "problem_type": "multi_label"}))
+    with pytest.raises(UserError, match="config.json: problem_type 'multi_label' is not one of"):
+        export.export_hf(src, tmp_path / "bad", "classify", init_head=True)

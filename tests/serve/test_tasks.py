@@ -253,6 +253,34 @@ def test_a_regression_model_served_as_classify_answers_its_score(stsb, tmp_path)
         Predictor.from_dir("classify", one)
 
 
+def test_a_multi_label_model_answers_a_sigmoid_per_label(head_models, stsb, tmp_path):
+    """A multi-label classifier (problem_type multi_label_classification, a sigmoid per label in training and in
+    Hugging Face's pipeline) was answered a softmax, making its independent labels compete; one label of it was
+    taken for a regression model. Each label now gets its own sigmoid of transformers' logits."""
+    import json
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    texts = ["a fine film", "dull"]
+    for name, src in (("three", head_models["classify"]), ("one", stsb)):
+        d = tmp_path / name
+        shutil.copytree(src, d)
+        raw = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**raw, "problem_type": "multi_label_classification"}))
+        p = Predictor.from_dir("classify", d, Limits(max_seq_len=64))
+        assert p.multi_label and not p.regression
+        assert [o.name for o in p.outputs] == ["label", "label_id", "probabilities"]
+        out = p({"text": texts})
+        tok = transformers.AutoTokenizer.from_pretrained(d)
+        hf = transformers.AutoModelForSequenceClassification.from_pretrained(d).eval()
+        with torch.inference_mode():
+            want = torch.sigmoid(hf(**tok(texts, padding=True, return_tensors="pt")).logits).numpy()  # (2, labels)
+        np.testing.assert_allclose(out["probabilities"], want, atol=1e-4)
+        assert out["label_id"][:, 0].tolist() == want.argmax(-1).tolist()
+    assert not np.allclose(out["probabilities"].sum(-1), 1.0)  # one label: no softmax's constant 1.0
+    assert not Predictor.from_dir("classify", head_models["classify"], Limits(max_seq_len=64)).multi_label
+
+
 def test_byte_level_fill_mask_text_is_tokenized_as_training_masked_it(tmp_path):
     """A byte-level BPE that marks each text's start as a word's gave `Ġcat Ġ [MASK] Ġ .` for "cat [MASK].": a
     lone space token on each side of the mask, where training masked a whole `Ġsat` before `.`."""

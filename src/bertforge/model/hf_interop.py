@@ -25,6 +25,10 @@ ModernBERT (`ModernBertModel`, `...ForMaskedLM`, `...ForSequenceClassification`,
 (`model.` <-> `bert.`); its config.json spells some fields differently (`MODERN_RENAMES`) and gives the layer
 pattern and rotary bases as `layer_types` / `rope_parameters` (older files: `global_attn_every_n_layers`,
 `global_rope_theta`, `local_rope_theta`; both are read and both are written).
+
+A sequence-classification head's `problem_type` (what its scores mean: `PROBLEM_TYPES`) is head metadata like its
+label names, not architecture: it is no BertConfig field; `config_to_hf` takes it beside the label names (a
+re-export keeps the source's) and defaults it from the label count as `transformers` does (`problem_type_of`).
 """
 
 from __future__ import annotations
@@ -205,10 +209,31 @@ def label_names_of(raw: dict[str, Any]) -> list[str] | None:
         return None
 
 
+PROBLEM_TYPES = ("regression", "single_label_classification", "multi_label_classification")
+"""config.json's problem_type of a sequence classifier, as `transformers` reads it for the loss (MSE, cross-entropy,
+binary cross-entropy per label) and its text-classification pipeline's scores (none, softmax, sigmoid per label)."""
+
+
+def problem_type_of(given: Any, num_labels: int, source: str = "config.json") -> str:
+    """A sequence classifier's problem_type: `given` (config.json's), or when it is absent what `transformers`
+    infers for it with class-id labels (BertForSequenceClassification.forward): regression for one label,
+    single-label classification for more."""
+    if given is None:
+        return "regression" if num_labels == 1 else "single_label_classification"
+    if given not in PROBLEM_TYPES:
+        raise UserError(f"{source}: problem_type {given!r} is not one of {', '.join(PROBLEM_TYPES)}")
+    return given
+
+
 def config_to_hf(
-    config: BertConfig, task: str, num_labels: int, label_names: Sequence[str] | None = None
+    config: BertConfig,
+    task: str,
+    num_labels: int,
+    label_names: Sequence[str] | None = None,
+    problem_type: str | None = None,
 ) -> dict[str, Any]:
-    """config.json for `task`; `label_names` (one per label) name the labels, else LABEL_0, LABEL_1, ..."""
+    """config.json for `task`; `label_names` (one per label) name the labels, else LABEL_0, LABEL_1, ...;
+    `problem_type` (classification): the head's, e.g. a multi-label source's, else `problem_type_of`'s default."""
     spec = TASK_HEADS[task]
     out: dict[str, Any] = {
         "architectures": [spec.hf_class(config.model_type)],
@@ -228,10 +253,8 @@ def config_to_hf(
         names = list(label_names) if label_names and len(label_names) == n else [f"LABEL_{i}" for i in range(n)]
         out["id2label"] = {str(i): name for i, name in enumerate(names)}
         out["label2id"] = {name: i for i, name in enumerate(names)}
-        if task == "regression":
-            out["problem_type"] = "regression"
-        elif task == "classification":
-            out["problem_type"] = "single_label_classification"
+        if task in _SEQ:  # a regression head predicts one number whatever the source said
+            out["problem_type"] = "regression" if task == "regression" else problem_type_of(problem_type, n)
     return out
 
 
@@ -496,9 +519,11 @@ def save_pretrained(
     path: str | os.PathLike,
     task: str | None = None,
     label_names: Sequence[str] | None = None,
+    problem_type: str | None = None,
 ) -> Path:
     """Write config.json + model.safetensors that `transformers` Auto classes load; atomic (temp dir + rename).
-    `label_names`: the labels' names (classification heads), written as id2label/label2id."""
+    `label_names`: the labels' names (classification heads), written as id2label/label2id. `problem_type`: a
+    sequence classifier's (`config_to_hf`); None: as transformers infers it from the label count."""
     from safetensors.torch import save_file
 
     model = ddp.unwrap(model)  # the plain model under torch.compile / DDP wrappers
@@ -516,7 +541,6 @@ def save_pretrained(
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(path) as tmp:  # an older save is swapped out only once this one is complete
         save_file(hf_state_dict(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(
-            json.dumps(config_to_hf(config, task, model.num_labels, label_names), indent=2) + "\n", encoding="utf-8"
-        )
+        raw = config_to_hf(config, task, model.num_labels, label_names, problem_type)
+        (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
     return path

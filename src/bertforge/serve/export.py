@@ -130,10 +130,28 @@ def num_labels_from(raw: dict[str, Any], source: str) -> int:
     return n
 
 
+def problem_type_from(raw: dict[str, Any], source: str) -> str:
+    """A sequence-classification config's problem_type (regression, single- or multi-label), as Hugging Face decides
+    it (`hf_interop.problem_type_of`): config.json's, else regression for one label, single-label for more."""
+    from bertforge.model.hf_interop import problem_type_of
+
+    return problem_type_of(raw.get("problem_type"), num_labels_from(raw, source), source)
+
+
 def is_regression(raw: dict[str, Any], source: str) -> bool:
-    """A sequence-classification config that predicts one number (STS-B), as Hugging Face decides it (its models'
-    loss and its text-classification pipeline): problem_type regression, or a single label."""
-    return raw.get("problem_type") == "regression" or num_labels_from(raw, source) == 1
+    """A sequence-classification config that predicts one number (STS-B), as Hugging Face decides it."""
+    return problem_type_from(raw, source) == "regression"
+
+
+def source_head(model, model_dir: Path) -> tuple[list[str] | None, str | None]:
+    """What an exported head keeps of the source's config.json: its label names, and its problem_type (a multi-label
+    model stays one) when the head has the source's label count. A head of another count (`--num-labels`, a fresh
+    head) or a source without a problem_type gets the default for its count (`hf_interop.problem_type_of`)."""
+    from bertforge.model.hf_interop import label_names_of
+
+    raw, source = read_config(model_dir), f"{model_dir}/config.json"
+    same_head = raw.get("problem_type") is not None and num_labels_from(raw, source) == model.num_labels
+    return label_names_of(raw), problem_type_from(raw, source) if same_head else None
 
 
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:
@@ -273,15 +291,15 @@ def save_encoder(model, config, out: Path) -> None:
 
 
 def write_config(model, config, head: str, model_dir: Path, out: Path) -> None:
-    """The export's config.json, the same for both formats: `head`'s (with the source's label names), or a bare
-    encoder's (architectures BertModel/RobertaModel)."""
-    from bertforge.model.hf_interop import config_to_hf, label_names_of
+    """The export's config.json, the same for both formats: `head`'s (with the source's label names and
+    problem_type, `source_head`), or a bare encoder's (architectures BertModel/RobertaModel)."""
+    from bertforge.model.hf_interop import config_to_hf
 
     if head == ENCODER:
         raw = config_to_hf(config, "qa", 2)  # qa: a head without labels; architectures replaced below
         raw["architectures"] = [BARE_ARCHS[config.model_type]]
     else:
-        raw = config_to_hf(config, head, model.num_labels, label_names_of(read_config(model_dir)))
+        raw = config_to_hf(config, head, model.num_labels, *source_head(model, model_dir))
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
 
 
@@ -300,7 +318,7 @@ def export_hf(
     sentence-embedding model) and gets a fresh, seeded init; for smoke tests and serving benchmarks.
     `force`: replace whatever `out` holds (see `check_out`).
     """
-    from bertforge.model.hf_interop import label_names_of, save_pretrained
+    from bertforge.model.hf_interop import save_pretrained
 
     if num_labels is not None and num_labels < 1:
         raise UserError(f"--num-labels must be at least 1, not {num_labels}")
@@ -313,8 +331,8 @@ def export_hf(
             save_encoder(model, config, tmp)
             copy_sentence_transformers(model_dir, tmp)
             write_config(model, config, head, model_dir, tmp)
-        else:  # the source's label names kept
-            save_pretrained(model, config, tmp, head, label_names_of(read_config(model_dir)))
+        else:  # the source's label names and problem_type kept
+            save_pretrained(model, config, tmp, head, *source_head(model, model_dir))
         copy_tokenizer(model_dir, tmp)
         write_marker(tmp, "hf", head, model_dir)
     return out

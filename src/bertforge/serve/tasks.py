@@ -70,9 +70,14 @@ TASKS: dict[str, TaskSpec] = {
             IOSpec("text_pair", "BYTES", (1,), "optional second sentence of a pair task", optional=True),
         ),
         outputs=(
-            IOSpec("label", "BYTES", (1,), "the predicted label's name (config.json id2label)"),
+            IOSpec("label", "BYTES", (1,), "the predicted (highest-scoring) label's name (config.json id2label)"),
             IOSpec("label_id", "INT64", (1,), "the predicted label's index"),
-            IOSpec("probabilities", "FP32", (-1,), "softmax over the labels, in label-id order"),
+            IOSpec(
+                "probabilities",
+                "FP32",
+                (-1,),
+                "softmax over the labels (a multi-label model: each label's own sigmoid), in label-id order",
+            ),
         ),
     ),
     "fill-mask": TaskSpec(
@@ -242,6 +247,7 @@ class Predictor:
         pooling: str = "mean",
         regression: bool = False,
         call_rows: int = 16,
+        multi_label: bool = False,
     ):
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
@@ -260,6 +266,9 @@ class Predictor:
         if regression and task != "classify":
             raise UserError(f"a regression model is served with --task classify, not {task}")
         self.regression = regression
+        # labels that hold independently (problem_type multi_label_classification, trained with a sigmoid per
+        # label) get a sigmoid each, as in Hugging Face's pipeline: a softmax would make them compete
+        self.multi_label = multi_label
         self.outputs = REGRESSION_OUTPUTS if regression else self.spec.outputs  # what the served model answers
         if pooling not in POOLINGS:
             raise UserError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
@@ -303,17 +312,18 @@ class Predictor:
         max_seq_length. `pooling` (embed): None takes the model's own pooling config, else mean. `call_rows`: most
         rows per model call (the server's max_batch), which bounds QA's windows per call."""
         from bertforge.model.hf_interop import label_names_of
-        from bertforge.serve.export import is_regression, load, num_labels_from, read_config
+        from bertforge.serve.export import load, num_labels_from, problem_type_from, read_config
 
         if task not in TASKS:
             raise UserError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         model_dir = Path(model_dir)
         raw = read_config(model_dir)  # missing, invalid, not an object: one line, before the weights load
-        labels, regression = None, False
+        labels, problem_type = None, None
         if task == "classify":
             num_labels = num_labels_from(raw, f"{model_dir}/config.json")  # the config in hand, not read again
             labels = label_names_of(raw) or [f"LABEL_{i}" for i in range(num_labels)]
-            regression = is_regression(raw, f"{model_dir}/config.json")
+            problem_type = problem_type_from(raw, f"{model_dir}/config.json")
+        regression = problem_type == "regression"
         head = "regression" if regression else TASKS[task].head
         model, config = load(model_dir, head, num_labels=len(labels) if labels else None)
         if task == "embed":
@@ -337,6 +347,7 @@ class Predictor:
             pooling=pooling or own_pooling or "mean",
             regression=regression,
             call_rows=call_rows,
+            multi_label=problem_type == "multi_label_classification",
         )
 
     # ---------------------------------------------------------------- shared
@@ -451,7 +462,8 @@ class Predictor:
         out = self._forward([r[0] for r in rows], [r[1] for r in rows])
         if self.regression:  # (B, 1): the prediction itself
             return [{"score": v.astype(np.float32)} for v in out.logits.float().cpu().numpy()]
-        probs = torch.softmax(out.logits.float(), dim=-1).cpu().numpy()  # (B, num_labels)
+        logits = out.logits.float()  # (B, num_labels)
+        probs = (torch.sigmoid(logits) if self.multi_label else torch.softmax(logits, dim=-1)).cpu().numpy()
         res = []
         for p in probs:
             i = int(p.argmax())
