@@ -7,7 +7,8 @@
 #             most five files, each written as soon as it exists, so a command killed at its limit keeps them
 # SECONDS     the wall time this command may use: no step, and no benchmark inside a step, starts once fewer
 #             than MARGIN seconds (default 150: about the longest single entry) are left
-# EARLIER_DIR OUT_DIR of an earlier call, copied back: its reports' finished entries are kept (`bertforge bench
+# EARLIER_DIR OUT_DIR of an earlier call (not one from before 2026-11-27 15:00 UTC: packed entries then ran half
+#             the rows per update under the same names), copied back: its reports' finished entries are kept (`bertforge bench
 #             --resume`) and only the rest is measured; its curves are restored
 # STEP        accept, tests, profile, levers, loop, data, curve (default: these, in this order), long, or a spec name;
 #             SPEC:A,B runs only the spec's entries whose names contain A or B (`bench --only`)

@@ -76,6 +76,7 @@ def test_the_loop_benchmark_runs_bertforge_pretrain_and_its_curves_compare(tmp_p
         max_pred=20,
         pack=3,
         micro_batch=8,
+        accum=2,  # micro-batches per update, packed too: 16 rows, ~30 sequences
         steps=8,
         warmup_steps=2,
         log_every=2,
@@ -85,6 +86,7 @@ def test_the_loop_benchmark_runs_bertforge_pretrain_and_its_curves_compare(tmp_p
         extra=["model.preset=tiny", "data.synthetic_vocab_size=64"],
     )
     assert m["steps_measured"] == 6 and m["seq_per_s"] > m["rows_per_s"] > 0 and 0 < m["mfu"] < 1
+    assert m["rows_per_update"] == pytest.approx(16)  # a global batch of 16 sequences would have been 8 rows
     assert m["first_step_s"] > 0 and math.isfinite(m["final_loss"])
     hf = pl.hf_loop(preset="tiny", seq_len=64, max_pred=8, micro_batch=4, steps=3, warmup_steps=1, device="cpu")
     assert hf["seq_per_s"] > 0 and hf["step_ms"] > 0

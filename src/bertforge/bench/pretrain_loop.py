@@ -30,7 +30,9 @@ from bertforge.errors import UserError
 from bertforge.runtime.metrics import plot_lines, read_jsonl
 
 
-def _data_overrides(seq_len: int, max_pred: int, pack: int, histogram: str, data_dir: str | None) -> list[str]:
+def _data_overrides(
+    seq_len: int, max_pred: int, pack: int, pack_algorithm: str, histogram: str, data_dir: str | None
+) -> list[str]:
     if data_dir:
         return [f"data.input_dir={data_dir}"]
     return [
@@ -38,8 +40,26 @@ def _data_overrides(seq_len: int, max_pred: int, pack: int, histogram: str, data
         f"data.synthetic_seq_len={seq_len}",
         f"data.synthetic_max_pred={max_pred}",
         f"data.synthetic_pack={pack}",
+        f"data.synthetic_pack_algorithm={pack_algorithm}",
         f"data.synthetic_histogram={histogram}",
     ]
+
+
+def global_sequences(
+    micro_batch: int, accum: int, seq_len: int, max_pred: int, pack: int, pack_algorithm: str, histogram: str
+) -> int:
+    """train.global_batch_size (sequences) for `accum` micro-batches of `micro_batch` rows per update. Packed, a
+    row holds avg_seq_per_sample sequences and the loop takes global / avg_seq_per_sample rows, rounded to a
+    multiple of the micro-batch (`packed_rows_per_update`): micro x accum sequences would be about half the
+    rows at seq 512 (1.8 sequences per row), so the global batch is micro x accum rows' worth of sequences, as
+    a multiple of the micro-batch (the config's rule): the nearest one is off by less than half a micro-batch of
+    rows, so the loop's rounding gives micro x accum rows."""
+    if not pack:
+        return micro_batch * accum
+    from bertforge.data.synthetic import pack_plan
+
+    plan = pack_plan(seq_len, histogram, pack, max_pred, algorithm=pack_algorithm)
+    return micro_batch * max(1, round(accum * plan.avg_seq_per_sample))
 
 
 def loop_config(
@@ -48,6 +68,7 @@ def loop_config(
     seq_len: int,
     max_pred: int,
     pack: int,
+    pack_algorithm: str,
     histogram: str,
     micro_batch: int,
     accum: int,
@@ -61,12 +82,14 @@ def loop_config(
 ) -> tuple[str, list[str]]:
     """The preset and `--set` overrides of one `loop` entry (also loaded by a test of every shipped spec, so a
     mistyped key in a GPU spec fails on the CPU)."""
+    synthetic_pack = 0 if data_dir else pack  # real shards: packed or not as they were written
+    global_batch = global_sequences(micro_batch, accum, seq_len, max_pred, synthetic_pack, pack_algorithm, histogram)
     sets = [
         f"train.output_dir={out}",
         f"train.max_steps={steps}",
         f"train.log_every={log_every}",
         f"train.micro_batch_size={micro_batch}",
-        f"train.global_batch_size={micro_batch * accum}",
+        f"train.global_batch_size={global_batch}",
         f"train.precision={precision}",
         f"train.device={device}",
         "train.save_every=0",
@@ -81,7 +104,7 @@ def loop_config(
         "train.compile=false",
         "train.cuda_graphs=false",
         "optim.compile=false",
-        *_data_overrides(seq_len, max_pred, pack, histogram, data_dir),
+        *_data_overrides(seq_len, max_pred, pack, pack_algorithm, histogram, data_dir),
         *(extra or []),
     ]
     return f"pretrain_{preset}_{128 if seq_len <= 128 else 512}", sets
@@ -92,6 +115,7 @@ def loop(
     seq_len: int = 128,
     max_pred: int = 20,
     pack: int = 0,
+    pack_algorithm: str = "lpfhp",
     histogram: str = "wiki",
     micro_batch: int = 64,
     accum: int = 1,
@@ -113,8 +137,8 @@ def loop(
     (otherwise entries that compile the same graphs share the user's caches)."""
     with tempfile.TemporaryDirectory(prefix="bertforge-loop-") as out:
         config, sets = loop_config(
-            out, preset, seq_len, max_pred, pack, histogram, micro_batch, accum, steps, log_every, precision, device,
-            data_dir, extra, seed,
+            out, preset, seq_len, max_pred, pack, pack_algorithm, histogram, micro_batch, accum, steps, log_every,
+            precision, device, data_dir, extra, seed,
         )  # fmt: skip
         cmd = [
             sys.executable,
@@ -155,8 +179,16 @@ def summarise(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, float]
         for k in ("seq_per_s", "tokens_per_s", "rows_per_s", "mfu", "data_wait", "peak_mem_gb")
         if any(r.get(k) is not None for r in after)
     }
+    # rows per update as run (micro-batches per update x micro-batch): a logged window spans the updates since
+    # the row before it
+    per_update = [
+        float(r["rows_per_s"]) * float(r["window_s"]) / (r["step_in_phase"] - prev["step_in_phase"])
+        for prev, r in zip(rows, rows[1:])
+        if r.get("step_in_phase", r["step"]) > warmup_steps and "window_s" in r
+    ]
     return {
         **med,
+        **({"rows_per_update": statistics.median(per_update)} if per_update else {}),
         "steps_measured": float(after[-1]["step_in_phase"] - warmup_steps),
         "final_loss": float(after[-1]["loss"]),
     }
