@@ -238,3 +238,26 @@ def test_dynamic_masking_keeps_the_shards_max_pred_unless_a_rate_is_given(tmp_pa
     shards = ShardSet.open(d)
     assert masking_overrides(shards, None)["max_pred"] == 4
     assert masking_overrides(shards, 0.15)["max_pred"] == 10 and masking_overrides(shards, 0.3)["max_pred"] == 19
+
+
+@pytest.mark.parametrize(
+    "rows,lanes", [([100] * 3, 2), ([100] * 100, 256), ([100] * 5000, 1024), ([50, 300, 7, 1000], 8), ([10, 7], 5)]
+)
+def test_every_lane_holds_the_same_rows_so_every_row_is_read_as_often(rows, lanes):
+    """Each lane starts its next pass when its own rows run out: lanes of unequal size (3 shards for 2 lanes:
+    200 rows against 100) read the small lane's rows twice as often. Every row is in exactly one lane."""
+    out = assign_pieces(rows, lanes)
+    sizes = [sum(p.rows for p in lane) for lane in out]
+    assert max(sizes) - min(sizes) <= max(1, min(sizes) // 100), sizes
+    covered = sorted((p.shard, r) for lane in out for p in lane for r in range(p.start, p.stop))
+    assert covered == [(s, r) for s, n in enumerate(rows) for r in range(n)]
+
+
+def test_shard_counts_that_divide_keep_the_layout_runs_had():
+    """Balanced already (64 shards for 256 lanes, 4096 for 1024): the same pieces as before, so a run resumed
+    across this change reads what it would have."""
+    assert [[(p.shard, p.start, p.stop) for p in lane] for lane in assign_pieces([101] * 64, 256)[:5]] == [
+        [(0, 0, 25)], [(0, 25, 50)], [(0, 50, 75)], [(0, 75, 101)], [(1, 0, 25)]
+    ]  # fmt: skip
+    lanes = assign_pieces([1000 + s % 7 for s in range(4096)], 1024)
+    assert [p.shard for p in lanes[3]] == [3, 1027, 2051, 3075]

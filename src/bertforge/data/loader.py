@@ -53,8 +53,26 @@ class Piece:
 
 
 def assign_pieces(rows: list[int], lanes: int) -> list[list[Piece]]:
-    """Split shards into pieces and deal them to lanes: whole shards when there are at least as many shards as
-    lanes, else each shard cut into ceil(lanes / shards) contiguous row ranges."""
+    """Split shards into pieces and deal them to lanes. Shard counts that divide (or are divided by) the lanes,
+    in shards of about one size, are dealt as runs always have been: whole shards round-robin when there are at
+    least as many shards as lanes, else each shard cut into ceil(lanes / shards) contiguous row ranges. Where
+    that leaves lanes more than 1% apart in rows (3 shards for 2 lanes: 200 rows against 100), every lane takes
+    an equal contiguous share of all the rows instead: each lane starts its next pass when its rows run out,
+    so a smaller lane's rows would be read more often than the others' for the whole run."""
+    out = _dealt(rows, lanes)
+    sizes = [sum(p.rows for p in lane) for lane in out]
+    if max(sizes) - min(sizes) > max(1, min(sizes) // 100):
+        out = _equal_shares(rows, lanes)
+    if any(not lane for lane in out):
+        raise UserError(
+            f"{sum(rows)} rows in {len(rows)} shards are too few for {lanes} data lanes "
+            "(global batch / micro batch); use more data or a larger micro batch"
+        )
+    return out
+
+
+def _dealt(rows: list[int], lanes: int) -> list[list[Piece]]:
+    """Whole shards, or each cut into ceil(lanes / shards) parts, dealt round-robin."""
     parts = max(1, -(-lanes // len(rows)))
     pieces = []
     for s, n in enumerate(rows):
@@ -63,11 +81,26 @@ def assign_pieces(rows: list[int], lanes: int) -> list[list[Piece]]:
     out: list[list[Piece]] = [[] for _ in range(lanes)]
     for i, p in enumerate(pieces):
         out[i % lanes].append(p)
-    if any(not lane for lane in out):
-        raise UserError(
-            f"{sum(rows)} rows in {len(rows)} shards are too few for {lanes} data lanes "
-            "(global batch / micro batch); use more data or a larger micro batch"
-        )
+    return out
+
+
+def _equal_shares(rows: list[int], lanes: int) -> list[list[Piece]]:
+    """Lane l takes rows [total * l // lanes, total * (l + 1) // lanes) of the shards laid end to end: equal to
+    a row, in at most shards + lanes pieces."""
+    starts = np.concatenate([[0], np.cumsum(rows)])  # (shards + 1,) where each shard begins in the whole
+    total = int(starts[-1])
+    out: list[list[Piece]] = []
+    for lane in range(lanes):
+        a, b = total * lane // lanes, total * (lane + 1) // lanes
+        first = int(np.searchsorted(starts, a, side="right")) - 1
+        pieces = []
+        for s in range(first, len(rows)):
+            lo, hi = max(a, int(starts[s])), min(b, int(starts[s + 1]))
+            if lo >= b:
+                break
+            if hi > lo:
+                pieces.append(Piece(s, lo - int(starts[s]), hi - int(starts[s])))
+        out.append(pieces)
     return out
 
 
