@@ -66,6 +66,43 @@ def test_a_user_error_of_rank_0_alone_is_one_line_on_every_rank(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_rank_0_failing_to_log_stops_every_rank_with_its_line(shards, tmp_path, overrides):
+    """Rank 0 alone writes metrics.jsonl: on a full disk there the other ranks went on into the next gradient
+    all-reduce, to die with a traceback of a closed connection (NCCL: to wait out train.ddp_timeout). Two
+    processes as srun starts them (no torchrun agent to kill the rest when one fails): both exit with the line."""
+    script = tmp_path / "full_disk.py"
+    script.write_text(
+        "import sys\n"
+        "from bertforge.errors import UserError\n"
+        "from bertforge.runtime import metrics as M\n"
+        "real = M.MetricsLogger.log\n"
+        "def log(self, step, metrics):\n"
+        "    if self.is_main and step == 2:\n"
+        "        raise UserError('metrics.jsonl: no space left on the device')\n"
+        "    return real(self, step, metrics)\n"
+        "M.MetricsLogger.log = log\n"
+        "from bertforge.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    sets = [f"--set={s}" for s in overrides(shards, tmp_path / "run", **{"train.max_steps": 4})]
+    port = str(_free_port())
+    env = {**_env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"), "MASTER_ADDR": "127.0.0.1"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), "pretrain", *sets],
+            env={**env, "MASTER_PORT": port, "SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 2 and "metrics.jsonl: no space left on the device" in err, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+
+
 LAYERS = {"train.compile": True, "train.compile_scope": "layers"}
 
 

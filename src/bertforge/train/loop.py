@@ -719,7 +719,7 @@ def _enter_fp8(
 
 def _leave_fp8(run: Run) -> None:
     n = fp8.revert(run.model)
-    run.logger.log(run.state.phase_offset + run.state.step, {"fp8_fallback": 1.0})
+    _log(run, {"fp8_fallback": 1.0})
     _log0(
         run.info,
         f"fp8: {run.fp8_guard.fallback_after if run.fp8_guard else '?'} non-finite steps in a row; "
@@ -864,7 +864,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
         t_pause = time.perf_counter()  # the log line, eval and checkpoints stay out of the throughput window
         if evaluating:
             eval_metrics = evaluate_run(run)
-            run.logger.log(state.phase_offset + state.step, eval_metrics)
+            _log(run, eval_metrics)
             last_eval = state.step
         if saving:
             save(run, window)
@@ -925,7 +925,14 @@ def _log_window(run: Run, window: _Window, lr: float) -> None:
         metrics["peak_mem_gb"] = dev.max_memory_allocated(run.device) / 2**30
     if run.power is not None:  # watts, joules, joules_per_seq, SM clock, temperature (NVIDIA GPUs)
         metrics.update(run.power.window(sequences=metrics["seq_per_s"] * metrics["window_s"]))
-    run.logger.log(run.state.phase_offset + run.state.step, {**metrics, "step_in_phase": run.state.step})
+    _log(run, {**metrics, "step_in_phase": run.state.step})
+
+
+def _log(run: Run, metrics: dict[str, Any]) -> None:
+    """One record at the current step, written by rank 0; its failure (a full disk: one line naming the file)
+    is raised on every rank (`on_main`'s broadcast, one small collective per log line), where the other ranks
+    would otherwise go on into the next all-reduce and die with a traceback of a closed connection."""
+    ddp.on_main(lambda: run.logger.log(run.state.phase_offset + run.state.step, metrics))
 
 
 def _stop_nonfinite(run: Run, window: _Window, count: int) -> None:
