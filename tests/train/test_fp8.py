@@ -95,3 +95,48 @@ def test_loop_trains_in_fp8_and_falls_back(shards, tmp_path, overrides, monkeypa
     assert seen["converted"] == 18 and summary["step"] == 3
     assert not any(type(m).__name__ == "Float8Linear" for m in seen["run"].model.modules())
     assert any(r.get("fp8_fallback") == 1.0 for r in read_jsonl(tmp_path / "run" / "metrics.jsonl"))
+
+
+def _fp8_config(shards, out, overrides, **extra):
+    from bertforge import config as C
+
+    sets = {"model.preset": "mini", "train.fp8": True, "train.fp8_emulate": True, "train.precision": "bf16", **extra}
+    return C.load_config("pretrain", "demo_tiny_128", overrides(shards, out, **sets))
+
+
+def _float8_layers(model) -> int:
+    return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
+def test_a_fall_back_to_bf16_holds_across_resume(shards, tmp_path, overrides, monkeypatch):
+    """FP8 falls "back to bf16 for the rest of the run": a resumed run used to convert the layers again."""
+    from bertforge.train import loop
+
+    fired = iter([True])  # the guard fires on the first update
+    monkeypatch.setattr(fp8.Fp8Guard, "observe", lambda self, finite: next(fired, False))
+    runs = []
+    real_setup = loop.setup
+    monkeypatch.setattr(loop, "setup", lambda *a, **k: runs.append(real_setup(*a, **k)) or runs[-1])
+    extra = {"train.max_steps": 4, "train.save_every": 2}
+    loop.run_pretrain(_fp8_config(shards, tmp_path / "run", overrides, **extra, **{"train.stop_after_steps": 2}))
+    assert _float8_layers(runs[0].model) == 0
+    summary = loop.run_pretrain(_fp8_config(shards, tmp_path / "run", overrides, **extra), resume=True)
+    assert summary["step"] == 4 and _float8_layers(runs[1].model) == 0 and runs[1].fp8_guard is None
+
+
+def test_after_the_fall_back_bf16_gets_its_own_non_finite_tries(shards, tmp_path, overrides, monkeypatch):
+    """FP8's bad steps used to count against bf16: with max_nonfinite_steps = fp8_fallback_after the run said
+    "back to bf16" and stopped in the same update."""
+    from bertforge.train import loop
+
+    calls = []
+    real = loop.train_step
+
+    def overflowing_three_times(step, batches, accum, observe=None, weights=None):
+        calls.append(1)
+        return real(step, batches, accum, observe, weights=[float("nan")] * accum if len(calls) <= 3 else None)
+
+    monkeypatch.setattr(loop, "train_step", overflowing_three_times)
+    extra = {"train.max_steps": 2, "train.save_every": 0, "train.fp8_fallback_after": 3, "train.max_nonfinite_steps": 3}
+    summary = loop.run_pretrain(_fp8_config(shards, tmp_path / "run", overrides, **extra))
+    assert summary["step"] == 2 and summary["skipped_steps"] == 3

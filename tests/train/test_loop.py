@@ -311,6 +311,15 @@ def test_mixed_precision_runs(shards, tmp_path, precision):
         assert state["scaler"]["scale"] > 0  # the scaler's state is saved for resume
 
 
+def test_a_bf16_run_resumes_in_fp16(shards, tmp_path, capsys):
+    """precision auto is bf16 on an H100 and fp16 on an older GPU: a run resumed on the other machine loaded
+    bf16's empty scaler state into fp16's and stopped with torch's RuntimeError."""
+    sets = {"train.max_steps": 4, "train.save_every": 2}
+    run_pretrain(_cfg(shards, tmp_path / "r", **sets, **{"train.precision": "bf16", "train.stop_after_steps": 2}))
+    summary = run_pretrain(_cfg(shards, tmp_path / "r", **sets, **{"train.precision": "fp16"}), resume=True)
+    assert summary["step"] == 4 and "fp16 starts a fresh loss scale" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("pack", [0, 3])
 def test_synthetic_source_trains_and_profiles(tmp_path, overrides, pack):
     """`data.input_dir: synthetic` trains with no shards at all (unpacked and packed), and `--profile N` writes

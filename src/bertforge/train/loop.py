@@ -71,6 +71,8 @@ class TrainState:
     """Updates of the earlier phases: the run-wide step is phase_offset + step."""
     train_seconds: float = 0.0
     """Wall time spent in this phase's loop, over all resumed runs."""
+    fp8_fallen_back: bool = False
+    """train.fp8 went back to bf16 after non-finite steps: for the rest of the run, resumed runs included."""
 
 
 # --------------------------------------------------------------------------------------------- pieces
@@ -577,7 +579,10 @@ def restore(
         _load_weights(model, found.model_dir, found.resume_fix)
         saved = found.load_state()
         _load_optimizer(optimizer, saved["optimizer"])
-        scaler.load_state_dict(saved["scaler"])
+        if saved["scaler"] or not scaler.is_enabled():
+            scaler.load_state_dict(saved["scaler"])
+        else:  # written in bf16/fp32 (precision auto on another GPU): fp16 starts its loss scale afresh
+            _log0(info, f"{found.path} was written without loss scaling: fp16 starts a fresh loss scale")
         state = TrainState(**saved["train_state"])
         rng = saved["rng"][info.rank] if info.rank < len(saved["rng"]) else saved["rng"][0]
         dev.set_rng_state(device, rng)
@@ -642,6 +647,9 @@ def setup(
     optimizer = optimizer_for(model, o, device.type)
     scaler = dev.grad_scaler(device, precision)
     state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
+    if guard is not None and state.fp8_fallen_back:
+        guard = None
+        _log0(info, f"fp8: {fp8.revert(model)} layers back in bf16, as the run was when it saved (fp8 fell back)")
     if not resumed:
         torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
     # DDP wraps the restored model (it broadcasts rank 0's weights); compile wraps DDP
@@ -719,6 +727,7 @@ def _enter_fp8(
 
 def _leave_fp8(run: Run) -> None:
     n = fp8.revert(run.model)
+    run.state.fp8_fallen_back = True
     _log(run, {"fp8_fallback": 1.0})
     _log0(
         run.info,
@@ -836,7 +845,8 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
             prof.step()
             if prof.done:
                 _profiled(run, prof)
-        if run.fp8_guard is not None and run.fp8_guard.observe(result.finite):
+        fell_back = run.fp8_guard is not None and run.fp8_guard.observe(result.finite)
+        if fell_back:
             _leave_fp8(run)
         if run.first_step_s is None:  # train_step synced the host: the device has finished the step
             run.first_step_s = time.perf_counter() - run.t_created
@@ -849,7 +859,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
         else:
             state.skipped += 1
             window.skipped += 1
-            nonfinite_run += 1
+            nonfinite_run = 0 if fell_back else nonfinite_run + 1  # bf16 gets its own max_nonfinite_steps tries
             if nonfinite_run >= t.max_nonfinite_steps:
                 _stop_nonfinite(run, window, nonfinite_run)
             continue
