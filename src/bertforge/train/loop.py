@@ -647,13 +647,10 @@ def setup(
     optimizer = optimizer_for(model, o, device.type)
     scaler = dev.grad_scaler(device, precision)
     state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
-    if guard is not None and state.fp8_fallen_back:
-        guard = None
-        _log0(info, f"fp8: {fp8.revert(model)} layers back in bf16, as the run was when it saved (fp8 fell back)")
+    guard = _fp8_as_saved(guard, state, model, info)
     if not resumed:
         torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
-    # DDP wraps the restored model (it broadcasts rank 0's weights); compile wraps DDP
-    step = TrainStep.build(
+    step = TrainStep.build(  # DDP wraps the restored model (it broadcasts rank 0's weights); compile wraps DDP
         model,
         optimizer,
         device,
@@ -723,6 +720,16 @@ def _enter_fp8(
         f"{t.fp8_fallback_after} non-finite steps in a row",
     )
     return fp8.Fp8Guard(t.fp8_fallback_after)
+
+
+def _fp8_as_saved(
+    guard: fp8.Fp8Guard | None, state: TrainState, model: torch.nn.Module, info: ddp.DistInfo
+) -> fp8.Fp8Guard | None:
+    """A run whose FP8 fell back to bf16 before it saved goes on in bf16: the fall-back is for the whole run."""
+    if guard is None or not state.fp8_fallen_back:
+        return guard
+    _log0(info, f"fp8: {fp8.revert(model)} layers back in bf16, as the run was when it saved (fp8 fell back)")
+    return None
 
 
 def _leave_fp8(run: Run) -> None:
