@@ -318,3 +318,47 @@ def test_document_files_skip_temporary_files_folders_and_the_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text("{}")
     assert [p.name for p in document_files(tmp_path)] == ["docs_0.txt"]
     assert [p.name for p in document_files(str(tmp_path / "*"))] == ["docs_0.txt"]
+
+
+SPECIAL_LINES = [
+    "Replace it with [MASK] or [SEP], [CLS], [PAD] here.\n",  # ASCII: the fast path
+    "Replace it with [MASK] or [SEP], [CLS], [PAD] here, café.\n",  # the full tokenizer
+]
+
+
+def _pieces(tok, lines):
+    from bertforge.data.build import encode_lines
+
+    return [[tok.id_to_token(i) for i in ids] for ids in encode_lines(tok, lines)]
+
+
+def _split_like_google(tok) -> None:
+    """A literal [MASK]/[SEP]/[CLS]/[PAD] in corpus text is text, split as Google's BasicTokenizer splits it, on
+    the ASCII fast path and the full path alike; it was a special id on some lines only (the full path matched
+    it, the fast path lower-cased it first)."""
+    ascii_line, other = _pieces(tok, SPECIAL_LINES)
+    assert other[: len(ascii_line) - 1] == ascii_line[:-1], (ascii_line, other)  # the same split up to "here"
+    spaced = [line.replace("[", "[ ").replace("]", " ]") for line in SPECIAL_LINES]  # no special token there
+    assert [ascii_line, other] == _pieces(tok, spaced)
+    assert not {"[MASK]", "[SEP]", "[CLS]", "[PAD]"} & {*ascii_line, *other}
+    assert tok.encode("the [MASK] sat", add_special_tokens=False).tokens[1] == "[MASK]"  # fill-mask keeps its mask
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_special_tokens_in_corpus_text_are_text(lower):
+    from bertforge.data.vocab import wordpiece_from_vocab
+
+    names = ["mask", "sep", "cls", "pad"]
+    words = ["Replace", "replace", "it", "with", "or", "here", "caf", "##e", "##é", "[", "]", ",", ".", *names]
+    words += [w.upper() for w in names]
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
+    tok = wordpiece_from_vocab(vocab, lower)
+    _split_like_google(tok)
+    assert _pieces(tok, SPECIAL_LINES[:1])[0][3:6] == (["[", "mask", "]"] if lower else ["[", "MASK", "]"])
+
+
+def test_special_tokens_in_corpus_text_with_googles_vocabs(shared_data):
+    from bertforge.data.vocab import load_tokenizer
+
+    for name in ("uncased", "cased"):
+        _split_like_google(load_tokenizer(shared_data / "bert_vocab" / f"bert-base-{name}-vocab.txt"))

@@ -153,6 +153,22 @@ def test_wikiextractor_dir(shared_data, tmp_path):
     ]
 
 
+def test_wikiextractor_html_escapes_undone(tmp_path):
+    """WikiExtractor's default --html-safe writes html.escape(text, quote=False): `&amp;` was read as is and
+    tokenized as `&`, `amp`, `;`. The title (unescaped in WikiExtractor's output) still drops the title line."""
+    src = tmp_path / "text"
+    (src / "AA").mkdir(parents=True)
+    (src / "AA" / "wiki_00").write_text(
+        '<doc id="7" url="u" title="Hennes & Mauritz">\nHennes & Mauritz\n\n'
+        "Hennes &amp; Mauritz sells clothes; 3 &lt; 4 &gt; 2.\n</doc>\n"
+    )
+    body = "Hennes & Mauritz sells clothes; 3 < 4 > 2.\n"
+    assert list(sources.iter_source(str(src))) == [("Hennes & Mauritz", "\n" + body)]
+    manifest = run_docs(str(src), tmp_path / "docs", num_shards=1, min_doc_chars=1, workers=1, log=lambda *_: None)
+    assert "wikiextractor" in manifest["settings"]["cleaner"]  # documents of the escaped reading are rebuilt
+    assert (tmp_path / "docs" / "docs_0.txt").read_text() == body + "\n"
+
+
 def test_text_files_wikitext_and_cleaning(tmp_path):
     (tmp_path / "a.txt").write_text("First doc line one.\nLine two.\n\n\nSecond doc.\n")
     assert [t for _, t in sources.iter_source(str(tmp_path / "a.txt"))] == [

@@ -108,6 +108,21 @@ def test_headings_kept_like_wikiextractor():
     assert clean_wikitext(text) == "Intro.\n\nBody one.\n\nBody two!\n\nBody three."
 
 
+@pytest.mark.parametrize(
+    ("wikitext", "expected"),
+    [
+        # stacked headings: the parent was lost (only the last pending heading was written)
+        ("Intro text.\n== Giáo dục ==\n=== Trường đại học ===\nBody.", "Intro text.|Giáo dục.|Trường đại học.|Body."),
+        # a deeper heading replaces its level only; a shallower one drops the deeper levels (compact()'s headers)
+        ("== A ==\n=== B ===\n=== C ===\nOne.\n==== D ====\nTwo.", "A.|C.|One.|D.|Two."),
+        ("== A ==\n=== B ===\n==== C ====\n== E ==\n=== F ===\nOne.", "E.|F.|One."),
+        ("== A ==\nOne.\n=== B ===\nTwo.\n=== C? ===\n== ==\nThree.", "A.|One.|B.|Two.|Three."),
+    ],
+)
+def test_stacked_headings_kept_like_wikiextractor(wikitext, expected):
+    assert clean_wikitext(wikitext, headings=True) == expected.replace("|", "\n\n")
+
+
 def _cpu_time(text: str) -> float:
     t0 = time.process_time()  # CPU time: the machine may be shared
     clean_wikitext(text)

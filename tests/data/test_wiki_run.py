@@ -238,3 +238,22 @@ def test_a_dump_that_is_not_one_is_one_line_and_leaves_no_directory(tmp_path, ca
     )
     one_line(capsys.readouterr().err, message)
     assert not (tmp_path / "o").exists()
+
+
+def test_dumps_in_a_directory_or_glob_are_cleaned_as_data_wiki_cleans_them(tmp_path):
+    """`data docs --source DIR` (or a glob) wrote the raw wikitext ({{...}}, [[...]]) of the dumps it found there;
+    a multistream dump's index beside them is no text, and a split dump's name (.xml-pXpY.bz2) is a dump too."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    plain, multi = make_dumps(dumps, 30)
+    plain.rename(dumps / "test-pages-articles1.xml-p1p30.bz2")
+    quiet = {"num_shards": 1, "workers": 1, "log": lambda *_: None}
+    documents.run_wiki(multi, tmp_path / "wiki", **quiet)
+    reference = _docs_in(tmp_path / "wiki")
+    assert reference and "Sentence 0 has prose in it." in reference[0]
+    for source in (dumps, dumps / "*"):
+        out = tmp_path / f"docs_{len(source.parts)}"
+        manifest = documents.run_docs(str(source), out, **quiet)
+        assert _docs_in(out) == reference * 2, source  # the multistream dump, then the split one
+        assert manifest["settings"]["cleaner"] == documents.CLEANER  # raw documents of an older run are rebuilt
+        assert not any(m in d for d in _docs_in(out) for m in ("[[", "{{", "'''", "Datei:", "==", "REDIRECT"))

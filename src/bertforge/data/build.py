@@ -124,36 +124,41 @@ class Job:
 
 
 _ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_FAST_CACHE: dict[int, Any] = {}
+_CORPUS_CACHE: dict[int, tuple] = {}
 
 
-def _ascii_fast_path(tok):
-    """For a BERT tokenizer: (a copy without its normalizer, lowercase?) or None.
+def _corpus_tokenizers(tok) -> tuple[Any, Any, bool]:
+    """(corpus tokenizer, its ASCII fast copy or None, lowercase?) of `tok`, made once per tokenizer.
 
-    BertNormalizer (clean text, CJK spacing, strip accents, lower-case) does nothing to printable ASCII text
-    except lower-casing it, which Python's str.lower does identically for ASCII and ~40% cheaper than the
-    normalizer pass. Lines with any non-ASCII or control character still go through the full tokenizer.
+    The corpus tokenizer (`vocab.corpus_tokenizer`) matches no special tokens, as Google's BasicTokenizer. For a
+    BERT tokenizer the fast copy has no normalizer: BertNormalizer (clean text, CJK spacing, strip accents,
+    lower-case) does nothing to printable ASCII text except lower-casing it, which Python's str.lower does
+    identically for ASCII and ~40% cheaper than the normalizer pass. Lines with any non-ASCII or control
+    character still go through the corpus tokenizer.
     """
     from tokenizers import Tokenizer, normalizers
 
-    if id(tok) in _FAST_CACHE:
-        return _FAST_CACHE[id(tok)]
-    fast = None
+    from bertforge.data.vocab import corpus_tokenizer
+
+    cached = _CORPUS_CACHE.get(id(tok))
+    if cached is not None and cached[0] is tok:  # the same object, not another one at a freed one's address
+        return cached[1:]
+    corpus, fast, lower = corpus_tokenizer(tok), None, False
     norm = tok.normalizer
     if isinstance(norm, normalizers.BertNormalizer) and norm.clean_text:
-        copy = Tokenizer.from_str(tok.to_str())
-        copy.normalizer = None
-        fast = (copy, bool(norm.lowercase))
-    _FAST_CACHE[id(tok)] = fast
-    return fast
+        fast = Tokenizer.from_str(corpus.to_str())
+        fast.normalizer = None
+        lower = bool(norm.lowercase)
+    _CORPUS_CACHE[id(tok)] = (tok, corpus, fast, lower)
+    return corpus, fast, lower
 
 
 def encode_lines(tok, lines: list[str]) -> list[list[int]]:
-    """Token ids of each line (no special tokens), identical to `tok.encode_batch_fast`, faster for ASCII."""
-    fast = _ascii_fast_path(tok)
-    if fast is None:
-        return [e.ids for e in tok.encode_batch_fast(lines, add_special_tokens=False)]
-    fast_tok, lower = fast
+    """Token ids of each line of corpus text: `tok`'s, with no special tokens added or matched (a literal
+    "[MASK]" is text, as in Google's create_pretraining_data); faster for ASCII lines."""
+    corpus, fast_tok, lower = _corpus_tokenizers(tok)
+    if fast_tok is None:
+        return [e.ids for e in corpus.encode_batch_fast(lines, add_special_tokens=False)]
     easy = [i for i, ln in enumerate(lines) if ln.isascii() and not _ASCII_CONTROL.search(ln)]
     if len(easy) == len(lines):
         hard: list[int] = []
@@ -166,7 +171,7 @@ def encode_lines(tok, lines: list[str]) -> list[list[int]]:
     for i, e in zip(easy, fast_tok.encode_batch_fast(easy_text, add_special_tokens=False)):
         out[i] = e.ids
     if hard:
-        for i, e in zip(hard, tok.encode_batch_fast([lines[i] for i in hard], add_special_tokens=False)):
+        for i, e in zip(hard, corpus.encode_batch_fast([lines[i] for i in hard], add_special_tokens=False)):
             out[i] = e.ids
     return out
 

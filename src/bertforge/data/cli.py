@@ -47,7 +47,7 @@ def data_add(p: argparse.ArgumentParser) -> None:
         help="wordpiece (BERT) or bpe (byte-level, RoBERTa/ModernBERT; vocab size rounded up to a multiple of 64)",
     )
     v.add_argument("--vocab-size", type=int, default=30522, help="tokens in the vocab, specials included")
-    v.add_argument("--cased", action="store_true", help="keep case and accents (default: uncased)")
+    _casing_flags(v, "uncased when training; with --from, guessed from the vocab's name and tokens")
     v.add_argument("--unused", type=int, default=0, help="[unusedN] slots to reserve")
     v.add_argument("--min-frequency", type=int, default=2, help="fewest occurrences of a merged token")
 
@@ -76,7 +76,7 @@ def data_add(p: argparse.ArgumentParser) -> None:
     s.add_argument("--eval-out", help="directory of held-out eval shards (with --eval-fraction)")
     s.add_argument("--eval-fraction", type=float, default=0.0, help="fraction of documents held out for eval")
     s.add_argument("--eval-shards", type=int, default=1, help="number of eval shards (with --eval-out)")
-    s.add_argument("--cased", action="store_true", help="a vocab.txt is cased (default: guessed from the file)")
+    _casing_flags(s, "a vocab.txt's casing, guessed from its name and tokens")
     s.add_argument("--workers", type=int, default=0, help="worker processes (0 = one per CPU core)")
 
     pr = sub.add_parser("prepare", help="the whole chain (docs -> vocab -> shards) from one config")
@@ -93,6 +93,17 @@ def _docs_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", type=int, default=8, help="document text shards to write")
     p.add_argument("--min-doc-chars", type=int, default=200, help="drop shorter documents")
     p.add_argument("--workers", type=int, default=0, help="worker processes (0 = one per CPU core)")
+
+
+def _casing_flags(p: argparse.ArgumentParser, default: str) -> None:
+    casing = p.add_mutually_exclusive_group()
+    casing.add_argument("--cased", action="store_true", help=f"keep case and accents (default: {default})")
+    casing.add_argument("--uncased", action="store_true", help=f"lower-case and strip accents (default: {default})")
+
+
+def _lowercase(args: argparse.Namespace) -> bool | None:
+    """--uncased True, --cased False, neither None (the step's default: guessed, or uncased when training)."""
+    return True if args.uncased else False if args.cased else None
 
 
 def data_run(args: argparse.Namespace) -> int:
@@ -152,7 +163,7 @@ def _data_step(args: argparse.Namespace) -> int:
             args.docs,
             args.out,
             args.vocab_size,
-            not args.cased,
+            _lowercase(args),
             args.unused,
             args.min_frequency,
             args.from_vocab,
@@ -184,9 +195,7 @@ def _data_step(args: argparse.Namespace) -> int:
             eval_shards=args.eval_shards,
             workers=args.workers,
         )
-        run_shards(
-            args.docs, args.vocab, args.out, params, eval_dir=args.eval_out, lowercase=False if args.cased else None
-        )
+        run_shards(args.docs, args.vocab, args.out, params, eval_dir=args.eval_out, lowercase=_lowercase(args))
     elif cmd == "prepare":
         from bertforge.config import load_config
 
@@ -216,7 +225,7 @@ def run_vocab(
     docs: str | None,
     out: str | os.PathLike,
     vocab_size: int = 30522,
-    lowercase: bool = True,
+    lowercase: bool | None = None,
     unused: int = 0,
     min_frequency: int = 2,
     from_vocab: str | None = None,
@@ -224,7 +233,8 @@ def run_vocab(
     model: str = "wordpiece",
 ) -> Path:
     """Train a WordPiece or byte-level BPE (`model`) vocab on documents, or write an existing vocab as
-    vocab.txt + tokenizer.json."""
+    vocab.txt + tokenizer.json. `lowercase=None`: a trained vocab is uncased, an existing vocab.txt's casing is
+    guessed from its name and tokens (`load_tokenizer`)."""
     from bertforge.data.build import document_files
     from bertforge.data.vocab import (
         load_tokenizer,
@@ -248,9 +258,9 @@ def run_vocab(
     elif model == "bpe":
         if (size := round_vocab_size(vocab_size)) != vocab_size:
             log(f"data vocab: BPE vocab size {vocab_size} rounded up to {size} (a multiple of 64)")
-        tok = train_bpe(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
+        tok = train_bpe(document_files(docs), out, vocab_size, train_lowercase(lowercase), unused, min_frequency)
     elif model == "wordpiece":
-        tok = train_wordpiece(document_files(docs), out, vocab_size, lowercase, unused, min_frequency)
+        tok = train_wordpiece(document_files(docs), out, vocab_size, train_lowercase(lowercase), unused, min_frequency)
     else:
         raise UserError(f"vocab model must be wordpiece or bpe, not {model!r}")
     files = "vocab.txt, tokenizer.json"
@@ -265,6 +275,11 @@ def run_vocab(
         short = f", fewer than the {vocab_size} asked for: the corpus holds no more (min frequency {min_frequency})"
     log(f"data vocab: {have} tokens{short} -> {out}/{files} ({time.perf_counter() - t0:.1f}s)")
     return out
+
+
+def train_lowercase(lowercase: bool | None) -> bool:
+    """The casing of a trained vocab: uncased unless asked otherwise (Google's default, bert-base-uncased)."""
+    return True if lowercase is None else lowercase
 
 
 def _check_vocab_out(out: Path) -> None:
@@ -315,6 +330,7 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
     )
     v = cfg.vocab
     trained_with = {k: getattr(v, k) for k in ("model", "vocab_size", "lowercase", "unused_tokens", "min_frequency")}
+    trained_with["lowercase"] = train_lowercase(v.lowercase)  # unset and true train the same vocab: no retraining
     trained_with["documents"] = documents.get("settings")  # another corpus retrains the vocab too
     if v.vocab_file:
         run_vocab(None, vocab_dir, lowercase=v.lowercase, from_vocab=v.vocab_file, log=log)

@@ -47,8 +47,9 @@ class VocabConfig:
     tokenizer.json only, its size rounded up to a multiple of 64)."""
     vocab_size: int = 30522
     """Size of a trained vocab."""
-    lowercase: bool = True
-    """Uncased (lower-case and strip accents), as bert-base-uncased."""
+    lowercase: bool | None = None
+    """Uncased (lower-case and strip accents), as bert-base-uncased. Unset (null): a trained vocab is uncased, a
+    vocab_file's casing is guessed from its name ("uncased"/"cased") and then from its tokens."""
     unused_tokens: int = 0
     """Number of [unusedN] slots to reserve."""
     min_frequency: int = 2

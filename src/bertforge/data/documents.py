@@ -59,6 +59,9 @@ CHUNK_BYTES = 4 << 20
 """Uncompressed dump XML per wiki chunk (one part file, one task)."""
 CLEANER = "wikiclean-1"
 """Recorded in a wiki manifest's settings: a new cleaner rebuilds documents made by an old one."""
+MARKUP_READERS = {"wikitext": CLEANER, "wikiextractor": "wikiextractor-unescape-1"}
+"""Recorded in a docs manifest's settings for a directory or glob read out of markup (`sources.markup`): the
+documents of a reader before these (raw wikitext of dumps found there, WikiExtractor's `&amp;`) are rebuilt."""
 
 
 class _Sentences:
@@ -338,11 +341,15 @@ def run_docs(
     workers: int | None = None,
     log=print,
 ) -> dict:
-    """`bertforge data docs`: any source except dumps' wikitext cleaning is plain text cleaning."""
-    if source.endswith((".xml", ".xml.bz2")) or (source.endswith(".bz2") and "multistream" in source):
+    """`bertforge data docs`: one dump is `data wiki`'s (parallel chunks); any other source is read by `sources`
+    (the dumps of a directory or glob cleaned there, as `data wiki` cleans them) and cleaned as plain text."""
+    one_dump = sources.is_wiki_dump(source) or (source.endswith(".bz2") and "multistream" in source)
+    if one_dump and not glob.has_magic(source):
         return run_wiki(source, out_dir, num_shards, min_doc_chars, workers, log)
     docs = sources.iter_source(source, one_doc_per_file=one_doc_per_file)
     reading = {"one_doc_per_file": one_doc_per_file, "inputs": sources.signature(source)}
+    if kind := sources.markup(source):
+        reading["cleaner"] = MARKUP_READERS[kind]
     return write_documents(docs, out_dir, num_shards, min_doc_chars, workers, source, log, reading)
 
 

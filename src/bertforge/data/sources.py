@@ -2,10 +2,11 @@
 
 Sources (`SOURCE` of `bertforge data docs --source`, or `--dump` of `data wiki`):
 
-- `F.xml` / `F.xml.bz2`: a MediaWiki pages-articles dump, streamed with `xml.etree.ElementTree.iterparse`
-  (bz2 decompressed on the fly; the parsed page is cleared right away, so memory stays flat). Article
-  namespace (0) only; redirects skipped. Wikitext -> prose happens in `wikitext_to_text` (`wikiclean`).
-  `bertforge data wiki` reads dumps in parallel chunks instead (`wikidump`, `documents.run_wiki`).
+- `F.xml` / `F.xml.bz2` (and the split `F.xml-pXpY.bz2`): a MediaWiki pages-articles dump, streamed with
+  `xml.etree.ElementTree.iterparse` (bz2 decompressed on the fly; the parsed page is cleared right away, so
+  memory stays flat). Article namespace (0) only; redirects skipped; wikitext -> prose by `wikitext_to_text`
+  (`wikiclean`, as `data wiki`), in a directory or glob too. One dump given alone is read by `bertforge data
+  wiki`'s parallel chunks instead (`wikidump`, `documents.run_wiki`); a multistream dump's index is no text.
 - a WikiExtractor output directory (files of `<doc id=... title=...>` ... `</doc>` blocks; the first line of
   a block is the title and is dropped).
 - text files and globs: a blank line ends a document (or `one_doc_per_file`); `.xz`, `.gz` and `.bz2` text
@@ -24,6 +25,7 @@ from __future__ import annotations
 import bz2
 import glob
 import gzip
+import html
 import io
 import lzma
 import os
@@ -52,22 +54,46 @@ def iter_source(source: str, one_doc_per_file: bool = False) -> Iterator[Doc]:
     if source.startswith("hf:"):
         return iter_hf(source[3:])
     path = Path(source)
-    if path.is_dir():
-        if _is_wikiextractor_dir(path):
-            return iter_wikiextractor(path)
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-        return _iter_files(files, one_doc_per_file)
+    if path.is_dir() and _is_wikiextractor_dir(path):
+        return iter_wikiextractor(path)
     if path.is_file():
-        if path.name.endswith((".xml", ".xml.bz2")):
-            return (doc for doc in iter_wiki_dump(path))
         return _iter_files([path], one_doc_per_file)
-    hits = sorted(glob.glob(source, recursive=True))
-    if not hits:
+    if not path.is_dir() and not glob.glob(source, recursive=True):
         raise UserError(
             f"corpus source {source!r} not found: give a file, a glob, a directory, a .xml[.bz2] dump, "
             "hf:NAME[:CONFIG] or builtin:python-docs"
         )
-    return _iter_files([Path(h) for h in hits if Path(h).is_file()], one_doc_per_file)
+    return _iter_files(_corpus_files(source), one_doc_per_file)
+
+
+_DUMP_NAME = re.compile(r"\.xml(-p\d+p\d+)?(\.bz2)?$")  # Wikimedia's split dumps: ...articles1.xml-p1p41242.bz2
+_DUMP_INDEX = re.compile(r"multistream\d*-index\d*\.txt")
+
+
+def is_wiki_dump(name: str | os.PathLike) -> bool:
+    """A pages-articles dump's file name: .xml, .xml.bz2, or a split dump's .xml-pXpY.bz2."""
+    return bool(_DUMP_NAME.search(os.fspath(name)))
+
+
+def _corpus_files(source: str) -> list[Path]:
+    """The files a directory (recursively, hidden ones aside) or a glob names, sorted; a multistream dump's index
+    (offset:id:title lines) is left out: it is no text."""
+    path = Path(source)
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    else:
+        found = [Path(h) for h in sorted(glob.glob(source, recursive=True)) if Path(h).is_file()]
+    return [p for p in found if not _DUMP_INDEX.search(p.name)]
+
+
+def markup(source: str) -> str | None:
+    """The markup `iter_source` reads a local directory or glob's documents out of: "wikiextractor" (its
+    HTML-escaped output), "wikitext" (dumps among the files; one dump file goes to `data wiki`'s path), or None."""
+    if source.startswith(("hf:", "builtin:")) or Path(source).is_file():
+        return None
+    if Path(source).is_dir() and _is_wikiextractor_dir(Path(source)):
+        return "wikiextractor"
+    return "wikitext" if any(is_wiki_dump(p.name) for p in _corpus_files(source)) else None
 
 
 def local_files(source: str) -> list[Path]:
@@ -127,8 +153,8 @@ def _is_wikitext(path: Path) -> bool:
 
 def _iter_files(files: list[Path], one_doc_per_file: bool) -> Iterator[Doc]:
     for path in files:
-        if path.name.endswith((".xml", ".xml.bz2")):
-            yield from iter_wiki_dump(path)
+        if is_wiki_dump(path.name):
+            yield from iter_wiki_articles(path)
         elif _is_wikitext(path):
             yield from iter_wikitext(path)
         elif one_doc_per_file:
@@ -186,14 +212,18 @@ def _is_wikiextractor_dir(path: Path) -> bool:
 
 
 def iter_wikiextractor(path: Path) -> Iterator[Doc]:
-    """`<doc id=.. url=.. title=..>` blocks of WikiExtractor output; the title line after the tag is dropped."""
+    """`<doc id=.. url=.. title=..>` blocks of WikiExtractor output; the title line after the tag is dropped.
+
+    WikiExtractor's default `--html-safe` writes the text through `html.escape(text, quote=False)`, so body lines
+    are unescaped (else `&amp;` reaches the tokenizer as `&`, `amp`, `;`), and the title too: it must still
+    match the body's first line."""
     for f in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
         title, inside = "", False
         body: list[str] = []
         for line in _read_text(f):
             m = _DOC_OPEN.match(line)
             if m:
-                title, body, inside = m.group(1), [], True
+                title, body, inside = html.unescape(m.group(1)), [], True
             elif line.startswith("</doc>"):
                 if inside:
                     # WikiExtractor repeats the title as the first line of the body
@@ -202,7 +232,7 @@ def iter_wikiextractor(path: Path) -> Iterator[Doc]:
                     yield title, "".join(body)
                 inside = False
             elif inside:
-                body.append(line)
+                body.append(html.unescape(line) if "&" in line else line)
 
 
 # ------------------------------------------------------------------------------------------- Wikipedia dumps
@@ -246,6 +276,14 @@ def iter_wiki_dump(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
         raise UserError(f"Wikipedia dump {path} is not valid XML ({e}); is it a pages-articles dump?") from e
     finally:
         raw.close()
+
+
+def iter_wiki_articles(path: Path) -> Iterator[Doc]:
+    """(title, prose) of a dump's articles: their wikitext cleaned as `data wiki` cleans it, links into the
+    dump's own (localized) namespaces dropped."""
+    prefixes = non_article_prefixes(dump_namespaces(path))
+    for title, wikitext in iter_wiki_dump(path):
+        yield title, wikitext_to_text(wikitext, prefixes)
 
 
 def dump_namespaces(path: str | os.PathLike) -> dict[int, str]:

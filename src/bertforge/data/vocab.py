@@ -73,6 +73,17 @@ def wordpiece_from_vocab(vocab: dict[str, int], lowercase: bool) -> Tokenizer:
     return tok
 
 
+def corpus_tokenizer(tok: Tokenizer) -> Tokenizer:
+    """A copy of `tok` for pre-training corpus text: its special tokens ([MASK], [SEP], <mask>, ...) are not
+    matched in the text, which splits a literal "[MASK]" as any other text ("[", "mask", "]"), on every line
+    alike, as Google's create_pretraining_data does (its BasicTokenizer knows no special tokens). Ids do not
+    change (the specials stay in the model's vocab). Fine-tuning and serving keep `tok`: there a fill-mask
+    input's [MASK] is the mask."""
+    data = json.loads(tok.to_str())
+    data["added_tokens"] = [t for t in data.get("added_tokens") or [] if not t.get("special")]
+    return Tokenizer.from_str(json.dumps(data))
+
+
 _LOADED: dict[tuple, Tokenizer] = {}
 
 

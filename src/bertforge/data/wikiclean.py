@@ -13,7 +13,8 @@ bracket scanners do here, each linear in the page size (the order matters, see `
   with their nested caption links;
 - external links `[url text]` -> text, `[url]` -> nothing; other HTML tags stripped, content kept (`<br>` -> space);
 - bold/italic quotes and behaviour switches (`__NOTOC__`) dropped; HTML entities decoded;
-- per line: headings dropped (`headings=True`: kept as "Title." before a non-empty section, as WikiExtractor does),
+- per line: headings dropped (`headings=True`: kept as "Title." before a non-empty section, with the enclosing
+  headings not yet written, as WikiExtractor does),
   list items (`* # ;`) dropped as WikiExtractor and the BERT paper do, `:` indents kept without the colons, table
   residue (`| ! { }` at line start) and horizontal rules dropped. One paragraph per output line.
 """
@@ -163,7 +164,7 @@ def replace_links(text: str, drop_prefixes: tuple[str, ...] = ()) -> str:
 def _lines(text: str, headings: bool) -> list[str]:
     """Paragraph lines of prose; headings, list items and table residue dropped (see the module docstring)."""
     paras: list[str] = []
-    pending = ""
+    pending: dict[int, str] = {}  # level -> heading of the section the next prose is in (headings=True)
     for line in text.split("\n"):
         s = line.strip()
         if not s:
@@ -172,8 +173,8 @@ def _lines(text: str, headings: bool) -> list[str]:
         if c == "=":
             m = _HEADING.match(s)
             if m:
-                title = m.group(2).strip()
-                pending = (title if title[-1:] in "!?." else title + ".") if headings and title else ""
+                if headings:
+                    _stack_heading(pending, len(m.group(1)), m.group(2).strip())
                 continue
         if c in "*#;|!{}" or s.strip("-") == "":
             continue
@@ -181,11 +182,20 @@ def _lines(text: str, headings: bool) -> list[str]:
             s = s.lstrip(":").strip()
             if not s:
                 continue
-        if pending:
-            paras.append(pending)
-            pending = ""
+        if pending:  # every level still open, outermost first, before the section's first prose
+            paras.extend(pending[level] for level in sorted(pending))
+            pending.clear()
         paras.append(s)
     return paras
+
+
+def _stack_heading(pending: dict[int, str], level: int, title: str) -> None:
+    """A heading replaces the pending ones at its level and deeper, and keeps those above it: WikiExtractor's
+    compact() (`headers[lev] = title`, deeper levels deleted), so "== A ==" then "=== B ===" writes both."""
+    for deeper in [k for k in pending if k >= level]:
+        del pending[deeper]
+    if title:
+        pending[level] = title if title[-1] in "!?." else title + "."
 
 
 def clean_wikitext(wikitext: str, drop_prefixes: tuple[str, ...] = (), headings: bool = False) -> str:
