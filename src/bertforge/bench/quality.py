@@ -120,7 +120,13 @@ def in_budget(curve: list[dict[str, Any]], budget_s: float) -> list[dict[str, An
 
 def ours_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
     """The product with the preset's recipe: only data paths, batch, model size, device and seed are set."""
-    sets = [
+    return budget_pretrain(
+        p["config"], _ours_sets(p), out, p["budget_s"], p["eval_every"], p["calib_steps"], p["timeout_s"]
+    )
+
+
+def _ours_sets(p: dict[str, Any]) -> list[str]:
+    return [
         f"data.input_dir={p['data_dir']}",
         f"data.vocab={p['vocab']}",
         f"data.eval_dir={p['eval_dir']}",
@@ -138,7 +144,16 @@ def ours_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
         "train.init_checkpoint=null",
         *p.get("ours_overrides", []),
     ]
-    return budget_pretrain(p["config"], sets, out, p["budget_s"], p["eval_every"], p["calib_steps"], p["timeout_s"])
+
+
+def same_model(p: dict[str, Any], vocab_size: int):
+    """The BertConfig ours' side trains (its preset, shape and dropout, with the side's overrides): the baseline
+    trains the same model, so the two differ in how they train it, not in what (ours' demo recipe has no
+    dropout; the preset's 0.1 on one side only made the baseline learn more slowly per update)."""
+    from bertforge.config import load_config
+    from bertforge.train.loop import build_bert_config
+
+    return build_bert_config(load_config("pretrain", p["config"], _ours_sets(p)), vocab_size)
 
 
 # ------------------------------------------------------------------------------------------- baseline
@@ -162,14 +177,13 @@ def hf_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
     held-out accuracy every eval_every steps (not timed); the final model saved in Hugging Face format."""
     from bertforge.bench.baseline import hf_mlm_accuracy, hf_pretraining, hf_step
     from bertforge.data.loader import PretrainLoader, eval_batches
-    from bertforge.model import BertConfig
     from bertforge.optim.schedule import lr_at
     from bertforge.runtime.step import set_lr
 
     device = dev.resolve_device(p["device"])
     precision = dev.resolve_precision(p["precision"], device)
     vocab = len(Path(p["vocab"], "vocab.txt").read_text(encoding="utf-8").splitlines())
-    config = BertConfig.from_preset(p["preset"], vocab_size=vocab, max_position_embeddings=p["max_position_embeddings"])
+    config = same_model(p, vocab)
     loader = PretrainLoader.from_dir(p["data_dir"], p["batch"], p["batch"], 0, 1, seed=p["seed"], num_workers=1)
     it = loader.iterate()
     torch.manual_seed(p["seed"])
@@ -227,6 +241,10 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+GLUE_DROPOUT = ("model.hidden_dropout=0.1", "model.attention_dropout=0.1")
+"""Fine-tuning dropout for both models: BERT's fine-tuning rate (Devlin et al., Google's run_classifier)."""
+
+
 def _glue(p: dict[str, Any], model_dir: str, out: Path, cache) -> dict[str, Any]:
     from bertforge.finetune.suite import SuiteOptions, run_suite
 
@@ -239,7 +257,12 @@ def _glue(p: dict[str, Any], model_dir: str, out: Path, cache) -> dict[str, Any]
         tasks=list(p["glue_tasks"]),
         max_train_examples=p["glue_max_train_examples"],
         epochs=p["glue_epochs"],
-        overrides=[f"train.device={p['glue_device'] or p['device']}", "train.tensorboard=false", *p["glue_overrides"]],
+        overrides=[
+            f"train.device={p['glue_device'] or p['device']}",
+            "train.tensorboard=false",
+            *GLUE_DROPOUT,  # the same for both models, not each checkpoint's own rate
+            *p["glue_overrides"],
+        ],
     )
     return run_suite(opts, log=lambda s: None, cache=cache)
 
