@@ -521,6 +521,8 @@ def test_each_window_keeps_the_device_time_it_waited_for(shards, tmp_path, monke
     from bertforge import device as dev
 
     monkeypatch.setattr(dev, "synchronize", lambda device=None: time.sleep(0.3))
+    # MFU's matmul peak is measured with synchronize: not here, or the session's cache would keep a 0.3 s matmul
+    monkeypatch.setattr(dev, "peak_flops", lambda device, precision: 1e12)
     run_pretrain(_cfg(shards, tmp_path / "r", **{"train.max_steps": 4, "train.save_every": 0}))
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     windows = [r["window_s"] for r in rows if "window_s" in r]
