@@ -171,7 +171,8 @@ def loop(
 
 def summarise(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, float]:
     """Medians of the logged windows after the warm-up steps (at least 50 steps' worth is the spec's rule)."""
-    after = [r for r in rows if r.get("step_in_phase", r["step"]) > warmup_steps]
+    step = lambda r: r.get("step_in_phase", r["step"])  # noqa: E731 (the phase-local step where logged)
+    after = [r for r in rows if step(r) > warmup_steps]
     if not after:
         raise UserError(f"no logged step after the {warmup_steps} warm-up steps; raise steps")
     med = {
@@ -182,14 +183,14 @@ def summarise(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, float]
     # rows per update as run (micro-batches per update x micro-batch): a logged window spans the updates since
     # the row before it
     per_update = [
-        float(r["rows_per_s"]) * float(r["window_s"]) / (r["step_in_phase"] - prev["step_in_phase"])
+        float(r["rows_per_s"]) * float(r["window_s"]) / (step(r) - step(prev))
         for prev, r in zip(rows, rows[1:])
-        if r.get("step_in_phase", r["step"]) > warmup_steps and "window_s" in r
+        if step(r) > warmup_steps and "window_s" in r
     ]
     return {
         **med,
         **({"rows_per_update": statistics.median(per_update)} if per_update else {}),
-        "steps_measured": float(after[-1]["step_in_phase"] - warmup_steps),
+        "steps_measured": float(step(after[-1]) - warmup_steps),
         "final_loss": float(after[-1]["loss"]),
     }
 

@@ -246,8 +246,9 @@ def evaluate(
         with dev.autocast(device, precision):
             out = model(**batch)
         scores = _scores(out, device)  # the losses weighted by their slots: a short last batch weighs its share
-        nsp_loss = out.nsp_loss.double() * scores[3] if out.nsp_loss is not None else scores[3]
-        sums += torch.stack([out.mlm_loss.double() * scores[1], nsp_loss, *scores])
+        mlm_n, nsp_n = scores[1], scores[3]
+        nsp_loss = out.nsp_loss.double() * nsp_n if out.nsp_loss is not None else torch.zeros_like(nsp_n)
+        sums += torch.stack([out.mlm_loss.double() * mlm_n, nsp_loss, *scores])
     ddp.all_reduce_sum(sums)
     model.train(was_training)
     s = sums.tolist()
