@@ -20,6 +20,7 @@ from bertforge.data.instances import (
 from bertforge.data.shardset import ShardSet, list_shards, read_attrs
 from bertforge.data.vocab import train_wordpiece
 from bertforge.errors import UserError
+from bertforge.runtime.io import file_sha256
 
 WORDS = [
     "alpha",
@@ -151,7 +152,7 @@ def test_shards_invariants(setup, tmp_path):
     assert [f.name for f in files] == ["train_0.hdf5", "train_1.hdf5", "train_2.hdf5"]
     man = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert man["instances"] == res["train"]["instances"] > 100
-    assert [s["sha256"] for s in man["shards"]] == [shards.file_sha256(f) for f in files]
+    assert [s["sha256"] for s in man["shards"]] == [file_sha256(f) for f in files]
     assert man["special_ids"] == [0, 2, 3] and man["mask_id"] == 4
     total_rnd = total = 0
     for f in files:

@@ -216,9 +216,14 @@ def test_features_are_tokenized_once_per_task(encoder, tmp_path, monkeypatch):
     )
     table = suite.run_suite(opts, log=lambda s: None)
     assert len(built) == 1 and len(table["tasks"]["rte"]["median_score_per_lr"]) == 2
-    # another model in the same output dir: its results are refused, not mixed in
+    # another model in the same output dir: its results are refused, not mixed in (a copy of the same files is
+    # the same model: see the fingerprint test)
+    from safetensors.torch import load_file, save_file
+
     other = tmp_path / "other_model"
     shutil.copytree(encoder, other)
+    weights = load_file(other / "model.safetensors")
+    save_file({k: v + 1 if k == next(iter(weights)) else v for k, v in weights.items()}, other / "model.safetensors")
     with pytest.raises(UserError, match="another model or recipe"):
         suite.run_suite(suite.SuiteOptions(**{**opts.__dict__, "model": str(other)}), log=lambda s: None)
 
@@ -367,8 +372,11 @@ def test_suite_refuses_a_repeated_seed_or_lr_and_the_keys_it_sets_itself(tmp_pat
 
 def test_a_result_is_another_recipe_when_its_files_change_not_when_another_task_arrives(tmp_path):
     """The fingerprint held names only: an edited dev.tsv, new weights at the same --model path or an edited
-    config file reused the old results. A reordered --set, or another task's files, change nothing."""
+    config file reused the old results. Then it held paths and mtimes: the same glue_data re-deployed (new
+    times) or the same model copied elsewhere refused every result. A reordered --set, another task's files, or
+    the same bytes elsewhere change nothing."""
     import os
+    import shutil
 
     glue_dir = write_glue(tmp_path / "glue", tasks=("rte", "wnli"))
     model = tmp_path / "model"
@@ -379,10 +387,30 @@ def test_a_result_is_another_recipe_when_its_files_change_not_when_another_task_
     assert suite.fingerprint(dataclasses.replace(opts, overrides=["b=2", "a=1"]), "rte") == fp
     (glue_dir / "WNLI" / "dev.tsv").write_text((glue_dir / "WNLI" / "dev.tsv").read_text() + "\n")
     assert suite.fingerprint(opts, "rte") == fp
-    for changed in (glue_dir / "RTE" / "dev.tsv", model / "model.safetensors"):
-        os.utime(changed, ns=(1, 1))
-        assert suite.fingerprint(opts, "rte") != fp
-        fp = suite.fingerprint(opts, "rte")
+    os.utime(glue_dir / "RTE" / "dev.tsv", ns=(1, 1))
+    copied = dataclasses.replace(
+        opts,
+        glue_dir=str(shutil.copytree(glue_dir, tmp_path / "g2")),
+        model=str(shutil.copytree(model, tmp_path / "m2")),
+    )
+    assert suite.fingerprint(copied, "rte") == fp
+    for changed, key in ((glue_dir / "RTE" / "dev.tsv", "data"), (model / "model.safetensors", "model")):
+        changed.write_bytes(changed.read_bytes() + b"x")
+        now = suite.fingerprint(opts, "rte")
+        assert [k for k in fp if fp[k] != now[k]] == [key]
+        fp = now
+
+
+def test_a_cell_holds_the_median_runs_metrics_not_per_metric_medians():
+    """MRPC seeds (F1, acc) (100, 40), (60, 90), (80, 80): per-metric medians gave 80.0/80.0, a pair no run
+    scored, averaging 80 where the median score is 75. The cell is now the median run's: 60.0/90.0."""
+    runs = [_rec("mrpc", 2e-5, 1, f1=100.0, accuracy=40.0), _rec("mrpc", 2e-5, 2, f1=60.0, accuracy=90.0)]
+    runs.append(_rec("mrpc", 2e-5, 3, f1=80.0, accuracy=80.0))
+    t = suite.aggregate(runs)["tasks"]["mrpc"]
+    assert t["metrics"] == {"f1": 60.0, "accuracy": 90.0} and t["score"] == 75.0
+    # an even count: the two middle runs' mean, which averages to the median score
+    t = suite.aggregate([*runs, _rec("mrpc", 2e-5, 4, f1=100.0, accuracy=100.0)])["tasks"]["mrpc"]
+    assert t["metrics"] == {"f1": 70.0, "accuracy": 85.0} and t["score"] == 77.5
 
 
 def test_a_table_of_wnli_alone_is_valid_json():

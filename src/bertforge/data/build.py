@@ -41,6 +41,8 @@ from bertforge.data.workers import WorkerPool, quiet_worker
 from bertforge.errors import UserError
 from bertforge.runtime.io import (
     check_open_files,
+    file_sha256,
+    files_digest,
     output_dir,
     raise_if_disk_full,
     remove_earlier,
@@ -386,7 +388,7 @@ def _entry(out: Path, job: Job, docs: int, tokens: int, skipped: bool = False, s
         "random_next": nsp,
         "documents": docs,
         "tokens": tokens,
-        "sha256": shardio.file_sha256(out),
+        "sha256": file_sha256(out),
         "skipped": skipped,
         "seconds": round(seconds, 3),
     }
@@ -404,10 +406,7 @@ def params_hash(params: ShardsConfig, vocab_sha: str, docs_sig: str, lowercase: 
 def _docs_signature(files: Sequence[Path]) -> str:
     """A hash of the documents' names and bytes, not their paths or mtimes: it is stored in every shard, and
     `data prepare` run again from scratch (new document files, same text) must write the same bytes."""
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f"{f.name}:{shardio.file_sha256(f)}\n".encode("utf-8", "surrogateescape"))  # any file name
-    return h.hexdigest()[:16]
+    return files_digest(files)
 
 
 def run_shards(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import json
 import os
 import sys
@@ -117,14 +116,6 @@ def validate_arrays(arrays: Mapping[str, np.ndarray], path: str | os.PathLike = 
     ):
         raise UserError(f"shard {path}: masked_lm_positions and masked_lm_ids differ in shape")
     return n
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_manifest(directory: str | os.PathLike, manifest: Mapping[str, Any]) -> Path:

@@ -10,7 +10,8 @@ files that exist and runs only the missing ones, so a crash or a kill loses at m
 result written for another model or recipe (its `fingerprint`) is refused unless `overwrite`.
 
 Per task, the learning rate kept is the one with the best median task score over seeds; the table shows the
-median of each metric over those seeds and the seed spread (max - min of the task score). A task's score is its
+metrics of the run with that median score (`median_run_metrics`) and the seed spread (max - min of the task
+score). A task's score is its
 metric, or the mean of its two (MRPC and QQP F1/accuracy, STS-B Pearson/Spearman, MNLI matched/mismatched), and
 the average is the mean of the task scores (GLUE's convention); `avg_no_wnli` leaves WNLI out as BERT's paper
 does. Tokenized features are built once per task, tokenizer and max_seq_len and reused over seeds and learning
@@ -124,6 +125,15 @@ def task_score(metrics: dict[str, float]) -> float:
 
 
 # ------------------------------------------------------------------------------------------- aggregation
+def median_run_metrics(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The metrics of the run with the median task score (the mean of the two middle runs' for an even count):
+    a cell's two metrics (MRPC F1/acc, MNLI m/mm) come from the same run(s) and average to the median score.
+    Per-metric medians could pair one seed's F1 with another's accuracy."""
+    ranked = sorted(runs, key=lambda r: (task_score(r["metrics"]), r["seed"]))
+    mid = ranked[(len(ranked) - 1) // 2 : len(ranked) // 2 + 1]  # (B=1 or 2) middle runs
+    return {k: float(np.mean([r["metrics"][k] for r in mid])) for k in ranked[0]["metrics"]}
+
+
 def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per task: the lr with the best median score over seeds, the median of each metric and of the score at it,
     the seed spread; then the averages over tasks."""
@@ -139,7 +149,7 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         tasks[task] = {
             "lr": lr,
             "seeds": [r["seed"] for r in kept],
-            "metrics": {k: statistics.median(r["metrics"][k] for r in kept) for k in kept[0]["metrics"]},
+            "metrics": median_run_metrics(kept),
             "score": statistics.median(scores),
             "seed_scores": scores,
             "spread": max(scores) - min(scores),
@@ -259,22 +269,22 @@ def subset(data, n: int, seed: int = 0):
 # ------------------------------------------------------------------------------------------- running
 def fingerprint(opts: SuiteOptions, task: str) -> dict[str, Any]:
     """What a result of `task` depends on besides its (lr, seed): a result of another model or recipe is not
-    reused. Files by their signature (size and time), not only their names: new weights at the same --model, an
-    edited TSV of the task or an edited config file make another recipe (another task's files do not)."""
-    from bertforge.runtime.io import files_signature
+    reused. Files by their names and bytes, not their paths or times: new weights at the same --model, an edited
+    TSV of the task or an edited config file make another recipe (another task's files do not), and the same
+    model or glue_data copied or re-deployed elsewhere keeps its results."""
+    from bertforge.runtime.io import files_digest
 
     config = Path(opts.config) if opts.config else None
     train, devs = glue.default_files(task, opts.glue_dir)
+    model = Path(opts.model)
     return {
-        "model": str(Path(opts.model).resolve()),
-        "glue_dir": str(Path(opts.glue_dir).resolve()),
+        "model": files_digest(sorted(f for f in model.iterdir() if f.is_file()) if model.is_dir() else [model]),
+        "data": files_digest([train, *devs]),
         "config": opts.config,
+        "config_file": files_digest([config]) if config is not None and config.is_file() else None,
         "overrides": sorted(opts.overrides),  # their order changes nothing
         "epochs": opts.epochs,
         "max_train_examples": opts.max_train_examples,
-        "files": files_signature(
-            [Path(opts.model), train, *devs, *([config] if config is not None and config.is_file() else [])]
-        ),
     }
 
 
@@ -297,7 +307,7 @@ def read_result(path: Path, fp: dict[str, Any], overwrite: bool) -> dict[str, An
             return None
         old = old if isinstance(old, dict) else {}
         changed = [k for k in fp if old.get(k) != fp[k]] or ["recipe"]
-        what = ", ".join("the files' contents" if k == "files" else k for k in changed)
+        what = ", ".join("the task's files" if k == "data" else k for k in changed)
         raise UserError(
             f"{path} is the result of another model or recipe ({what} differ); pass --overwrite to re-run it, or "
             "choose another --output-dir"

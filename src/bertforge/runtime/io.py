@@ -315,3 +315,32 @@ def files_signature(tops: Iterable[Path]) -> str:
                 st = f.stat()
                 h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:16]
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+_SHA_MEMO: dict[tuple[str, int, int, int], str] = {}
+
+
+def files_digest(files: Iterable[Path]) -> str:
+    """The files' names and bytes, not their folders or times, as one short hash: a copy of the same files made
+    elsewhere or at another time (a re-deployed dataset, a model copied without `cp -p`) has the same digest.
+    Each file is read once per process while its size and mtime stay the same."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        key = (str(f.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+        if key not in _SHA_MEMO:
+            _SHA_MEMO[key] = file_sha256(f)
+        h.update(f"{f.name}:{_SHA_MEMO[key]}\n".encode("utf-8", "surrogateescape"))  # any file name
+    return h.hexdigest()[:16]
