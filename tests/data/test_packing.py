@@ -268,10 +268,8 @@ def test_pack_shards_round_trip_resume_and_determinism(tmp_path):
     assert files[1].is_file()
 
 
-def test_pack_shards_resumes_after_a_crash_in_pass_2b(tmp_path, monkeypatch):
-    src = tmp_path / "in"
-    data = write_input_shards(src, n_shards=2, rows=80)
-    cfg = pk.PackConfig(str(src), str(tmp_path / "out"), "spfhp", 2, seed=1, shards=3)
+def crash_in_pass_2b(cfg: pk.PackConfig, monkeypatch) -> None:
+    """Run `pack_shards` killed (KeyboardInterrupt) while it builds its second output shard."""
     real = pk.build_packed_rows
     calls = {"n": 0}
 
@@ -284,14 +282,37 @@ def test_pack_shards_resumes_after_a_crash_in_pass_2b(tmp_path, monkeypatch):
     monkeypatch.setattr(pk, "build_packed_rows", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
         pk.pack_shards(cfg, log=lambda m: None)
+    monkeypatch.setattr(pk, "build_packed_rows", real)
+
+
+def test_pack_shards_resumes_after_a_crash_in_pass_2b(tmp_path, monkeypatch):
+    src = tmp_path / "in"
+    data = write_input_shards(src, n_shards=2, rows=80)
+    cfg = pk.PackConfig(str(src), str(tmp_path / "out"), "spfhp", 2, seed=1, shards=3)
+    crash_in_pass_2b(cfg, monkeypatch)
     out = tmp_path / "out"
     assert len(list(out.glob("packed_*.hdf5"))) == 1 and not (out / pk.METADATA).exists()
     assert not list(out.glob(".*tmp*"))  # no half-written shard
-    monkeypatch.setattr(pk, "build_packed_rows", real)
     meta = pk.pack_shards(cfg, log=lambda m: None)
     rows = [read_shard(out / n) for n in meta["shards"]]
     merged = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     assert sequences_of_packed(merged) == sequences_of_unpacked(data)
+
+
+def test_resume_remakes_a_deleted_shard_after_a_crash_in_pass_2b(tmp_path, monkeypatch):
+    """Killed in pass 2b (shard 0 written, its bucket removed), then shard 0 deleted: the re-run opened the
+    missing bucket_00000.h5 (FileNotFoundError) instead of making the buckets again."""
+    write_input_shards(tmp_path / "in", n_shards=2, rows=80)
+    cfg = pk.PackConfig(str(tmp_path / "in"), str(tmp_path / "out"), "spfhp", 2, seed=1, shards=3)
+    crash_in_pass_2b(cfg, monkeypatch)
+    out = tmp_path / "out"
+    (out / "packed_00000.hdf5").unlink()
+    meta = pk.pack_shards(cfg, log=lambda m: None)
+    got = [read_shard(out / n) for n in meta["shards"]]
+    fresh = pk.pack_shards(pk.PackConfig(str(tmp_path / "in"), str(tmp_path / "o2"), "spfhp", 2, 1, 3), lambda m: None)
+    want = [read_shard(tmp_path / "o2" / n) for n in fresh["shards"]]
+    for g, w in zip(got, want):
+        assert all(np.array_equal(g[k], w[k]) for k in w)
 
 
 def test_pack_refuses_dynamic_and_packed_inputs(tmp_path):

@@ -251,12 +251,17 @@ def _append_bucket(path: Path, rows: dict[str, list[np.ndarray]]) -> None:
                 d[-len(arr) :] = arr
 
 
-def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig, log: Callable[[str], None]) -> None:
+def _bucket_rows(
+    shards: ShardSet, dest: np.ndarray, todo: list[int], work: Path, cfg: PackConfig, log: Callable[[str], None]
+) -> None:
     """Pass 2a: stream the inputs once, appending each row to the bucket file of its output shard (a bounded
-    buffer in between); a finished pass leaves `buckets.done`."""
+    buffer in between); a finished pass leaves `buckets.done`. Finished buckets are reused only when every
+    output shard still to write has its bucket: pass 2b removes a bucket once its shard is written, so a shard
+    deleted after a killed run would otherwise find no bucket to be made from."""
     done_marker = work / "buckets.done"
-    if done_marker.is_file():
+    if done_marker.is_file() and all((work / f"bucket_{i:05d}.h5").is_file() for i in todo):
         return
+    done_marker.unlink(missing_ok=True)  # first: a run killed while remaking the buckets must not trust them
     for p in work.glob("bucket_*.h5"):
         p.unlink()
     buf: dict[int, dict[str, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
@@ -295,8 +300,8 @@ def _bucket_rows(shards: ShardSet, dest: np.ndarray, work: Path, cfg: PackConfig
 
 
 def _bucket_samples(bucket: Path, sel: np.ndarray, S: int, max_pred: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The samples of one output shard from its bucket, in global order, and `sel` (packs, global sample
-    indices) as indices into them."""
+    """The samples of one output shard from its bucket, in the bucket's order, and `sel` (packs, global sample
+    indices) as indices into them (-1 stays -1)."""
     if len(sel) == 0:
         widths = {
             "input_ids": (S,),
@@ -310,10 +315,11 @@ def _bucket_samples(bucket: Path, sel: np.ndarray, S: int, max_pred: int) -> tup
     with h5py.File(bucket, "r") as f:
         samples = {k: f[k][()] for k in _CARRY}
         gid = f["gid"][()]
+    # look the samples up through a sorted view of their ids instead of sorting the samples themselves: that
+    # copy was a second bucket in memory (build_packed_rows gathers by index, any order will do)
     order = np.argsort(gid)
-    samples = {k: v[order] for k, v in samples.items()}
-    gid = gid[order]
-    local = np.where(sel >= 0, np.searchsorted(gid, np.maximum(sel, 0)), -1)
+    at = np.minimum(np.searchsorted(gid[order], np.maximum(sel, 0)), len(gid) - 1)  # clipped: a missing id
+    local = np.where(sel >= 0, order[at], -1)
     if not np.array_equal(gid[local[sel >= 0]], sel[sel >= 0]):
         raise UserError(f"bucket {bucket} is incomplete; delete {bucket.parent} and re-run")
     return samples, local
@@ -380,7 +386,7 @@ def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str
         plan = _plan(cfg, shards, out, n_out, log)
         if plan.todo:
             try:
-                _bucket_rows(shards, plan.dest, out / WORK_DIR, cfg, log)
+                _bucket_rows(shards, plan.dest, plan.todo, out / WORK_DIR, cfg, log)
             except UserError:
                 shutil.rmtree(out / WORK_DIR, ignore_errors=True)  # unfinished buckets: a re-run starts them over
                 raise

@@ -78,9 +78,11 @@ class Strategy:
             assert n > 0, f"empty group {c}"
             assert 1 <= len(c) <= self.max_per_pack, f"pack {c} has more than {self.max_per_pack} sequences"
             assert sum(c) <= self.max_len, f"pack {c} is longer than {self.max_len}"
-        want = np.zeros(self.max_len + 1, np.int64)
+        want = np.zeros(max(self.max_len + 1, len(histogram)), np.int64)
         want[: len(histogram)] = histogram
-        assert np.array_equal(self.histogram(), want), "strategy does not pack every sequence exactly once"
+        got = np.zeros_like(want)
+        got[: self.max_len + 1] = self.histogram()
+        assert np.array_equal(got, want), "strategy does not pack every sequence exactly once"
 
 
 def length_histogram(lengths: np.ndarray, max_len: int) -> np.ndarray:
@@ -89,6 +91,25 @@ def length_histogram(lengths: np.ndarray, max_len: int) -> np.ndarray:
     if lengths.size and (lengths.min() < 1 or lengths.max() > max_len):
         raise UserError(f"sequence lengths must lie in 1..{max_len}; found {lengths.min()}..{lengths.max()}")
     return np.bincount(lengths.astype(np.int64, copy=False), minlength=max_len + 1).astype(np.int64)
+
+
+def _checked_histogram(histogram: np.ndarray, max_len: int, max_per_pack: int) -> np.ndarray:
+    """(S+1,) int64 copy of `histogram` (index = length), zero-padded; a UserError for what no algorithm can pack.
+
+    Every algorithm walks lengths 1..S only: a count at length 0 or beyond S, or a negative count, would be
+    silently left out of the strategy, and the samples of those lengths out of every pack."""
+    if max_per_pack < 1:
+        raise UserError(f"--max-per-pack must be at least 1, not {max_per_pack}")
+    h = np.asarray(histogram, np.int64).reshape(-1)
+    if (h < 0).any():
+        raise UserError(f"the length histogram has a negative count (at length {int(np.argmax(h < 0))})")
+    if len(h) and h[0]:
+        raise UserError(f"the length histogram holds {int(h[0])} sequences of length 0; lengths must be 1..{max_len}")
+    if h[max_len + 1 :].any():
+        raise UserError(f"the histogram holds sequences longer than {max_len}")
+    out = np.zeros(max_len + 1, np.int64)
+    out[: min(len(h), max_len + 1)] = h[: max_len + 1]
+    return out
 
 
 class _OpenGroups:
@@ -129,13 +150,9 @@ class _OpenGroups:
 
 def _walk(histogram: np.ndarray, max_len: int, max_per_pack: int, best_fit: bool, distribute: bool) -> Strategy:
     """The shared walk of SPFHP (worst fit, no distribute) and LPFHP (best fit, distribute)."""
-    if max_per_pack < 1:
-        raise UserError(f"--max-per-pack must be at least 1, not {max_per_pack}")
-    h = np.asarray(histogram, np.int64)
-    if len(h) > max_len + 1 and h[max_len + 1 :].any():
-        raise UserError(f"the histogram holds sequences longer than {max_len}")
+    h = _checked_histogram(histogram, max_len, max_per_pack)
     groups = _OpenGroups(max_len, max_per_pack)
-    for length in range(min(len(h) - 1, max_len), 0, -1):  # longest first
+    for length in range(max_len, 0, -1):  # longest first
         n = int(h[length])
         while n > 0:
             keys = groups.keys
@@ -171,6 +188,20 @@ def lpfhp(histogram: np.ndarray, max_len: int, max_per_pack: int = 3) -> Strateg
     return _walk(histogram, max_len, max_per_pack, best_fit=True, distribute=True)
 
 
+def _count_exact_combos(present: np.ndarray, max_len: int, k: int, cap: int = 1 << 40) -> int:
+    """How many combinations `_exact_combos` would list (saturating at `cap`), without listing them.
+
+    g[d, r] = multisets of exactly d present lengths summing to r; adding one length m with any multiplicity is
+    g[d, r] += g[d-1, r-m] for d ascending (g[d-1] already counts m). O(L * k) vector ops: milliseconds, where
+    listing ~S^(k-1)/(k!(k-1)!) tuples (24 million at S = 512, k = 5) takes minutes and gigabytes."""
+    g = np.zeros((k + 1, max_len + 1), np.int64)
+    g[0, 0] = 1
+    for m in (int(x) for x in present):
+        for d in range(1, k + 1):
+            g[d, m:] = np.minimum(g[d, m:] + g[d - 1, : max_len + 1 - m], cap)
+    return int(min(g[1:, max_len].sum(), cap))
+
+
 def _exact_combos(present: np.ndarray, max_len: int, k: int) -> list[tuple[int, ...]]:
     """All combinations (longest first) of up to k present lengths whose sum is exactly max_len."""
     is_present = np.zeros(max_len + 1, bool)
@@ -185,7 +216,10 @@ def _exact_combos(present: np.ndarray, max_len: int, k: int) -> list[tuple[int, 
             return
         if rest <= last and is_present[rest]:
             out.append(prefix + (rest,))  # fewer than k sequences also fill the row exactly
-        cands = present[(present <= min(last, rest - 1))]
+        # after `length`, at most depth-1 lengths <= length must make up rest - length, so length >= rest / depth:
+        # the shorter candidates can never complete a row (pruning them keeps the order and the result)
+        shortest = -(-rest // depth)
+        cands = present[(present >= shortest) & (present <= min(last, rest - 1))]
         for length in cands[::-1]:
             extend(prefix + (int(length),), rest - int(length), depth - 1)
 
@@ -197,15 +231,16 @@ def nnlshp(histogram: np.ndarray, max_len: int, max_per_pack: int = 3, max_colum
     """Non-negative least squares histogram packing (Krell et al. 2021, §4.2), leftovers by LPFHP."""
     from scipy.optimize import nnls
 
-    h = np.zeros(max_len + 1, np.int64)
-    h[: min(len(histogram), max_len + 1)] = np.asarray(histogram, np.int64)[: max_len + 1]
+    h = _checked_histogram(histogram, max_len, max_per_pack)
     present = np.nonzero(h[1:])[0] + 1
-    combos = _exact_combos(present, max_len, max_per_pack)
-    if len(combos) > max_columns:
+    # count before listing: at K >= 5 the list alone would take minutes and gigabytes before this refusal
+    columns = _count_exact_combos(present, max_len, max_per_pack)
+    if columns > max_columns:
         raise UserError(
-            f"nnlshp would solve a least-squares problem with {len(combos)} columns (over "
+            f"nnlshp would solve a least-squares problem with {columns} columns (over "
             f"{max_columns}); use --algorithm lpfhp or spfhp, or a smaller --max-per-pack"
         )
+    combos = _exact_combos(present, max_len, max_per_pack) if columns else []
     counts = np.zeros(len(combos), np.int64)
     if combos:
         rows = present - 1
@@ -259,24 +294,35 @@ def assign_packs(lengths: np.ndarray, strategy: Strategy, rng: np.random.Generat
     come from neighbouring samples. Within a pack the sequences are ordered longest first.
     """
     lengths = np.asarray(lengths)
-    n = len(lengths)
-    key = lengths.astype(np.int16 if strategy.max_len < 2**15 else np.int32, copy=False)
+    n, S = len(lengths), strategy.max_len
+    if n and (lengths.min() < 1 or lengths.max() > S):
+        raise ValueError(f"sample lengths must lie in 1..{S}; found {lengths.min()}..{lengths.max()}")
+    key = lengths.astype(np.int16 if S < 2**15 else np.int32, copy=False)
     idx_dtype = np.int32 if n < 2**31 else np.int64
     perm = rng.permutation(n).astype(idx_dtype, copy=False)
     order = perm[np.argsort(key[perm], kind="stable")]  # sample indices grouped by length, random within
-    cursor = np.zeros(strategy.max_len + 2, np.int64)
-    cursor[1:] = np.cumsum(np.bincount(key, minlength=strategy.max_len + 1))
+    # order[bounds[l] : bounds[l + 1]] are the samples of length l; cursor[l] is the next one not dealt yet.
+    # The bound is kept apart from the cursors: comparing with cursor[l + 1], which moves as length l + 1 is
+    # dealt, let a strategy that asks for too many of length l take samples of length l + 1 already used.
+    bounds = np.zeros(S + 2, np.int64)
+    bounds[1:] = np.cumsum(np.bincount(key, minlength=S + 1))
+    cursor = bounds[:-1].copy()
     packs = np.full((strategy.packs, strategy.max_per_pack), -1, idx_dtype)
     row = 0
     for combo, count in zip(strategy.combos, strategy.counts):
         count = int(count)
         for slot, length in enumerate(combo):
             start = cursor[length]
-            if start + count > cursor[length + 1]:
+            if start + count > bounds[length + 1]:
                 raise ValueError(f"strategy needs more sequences of length {length} than there are")
             packs[row : row + count, slot] = order[start : start + count]
             cursor[length] = start + count
         row += count
+    left = bounds[1:] - cursor  # (S+1,) samples of each length in no pack
+    if left.any():
+        raise ValueError(
+            f"strategy leaves {int(left.sum())} sequences out of every pack (e.g. of length {int(np.argmax(left))})"
+        )
     # shuffle the packs: gather whole rows as opaque K*4-byte items (3-4x faster than 2-D fancy indexing)
     rows = packs.view(np.dtype((np.void, packs.dtype.itemsize * packs.shape[1]))).reshape(-1)
     return rows[rng.permutation(len(packs))].view(idx_dtype).reshape(packs.shape)

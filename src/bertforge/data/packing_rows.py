@@ -52,6 +52,11 @@ def prediction_counts(masked_lm_positions: np.ndarray) -> np.ndarray:
     return (np.asarray(masked_lm_positions) != 0).sum(axis=1)
 
 
+_BLOCK_TOKENS = 1 << 17
+"""Token slots of packed rows built at a time: the per-slot (rows, S) gathers and int64 index arrays of one
+block are ~40 bytes a slot (~5 MB), where building every row at once needed ~4x the whole output shard."""
+
+
 def build_packed_rows(
     samples: Mapping[str, np.ndarray], packs: np.ndarray, width: int | None = None
 ) -> dict[str, np.ndarray]:
@@ -59,53 +64,55 @@ def build_packed_rows(
 
     samples: input_ids (N,S), input_mask (N,S), segment_ids (N,S), masked_lm_positions (N,P),
     masked_lm_ids (N,P), next_sentence_labels (N,); packs: (R, K) row indices into samples, -1 = empty.
-    Every sequence is copied whole to a running offset; vectorized over packs, one step per slot.
+    Every sequence is copied whole to a running offset; vectorized over a block of packs, one step per slot.
     """
-    ids = np.asarray(samples["input_ids"])
-    N, S = ids.shape
+    src = {k: np.asarray(samples[k]) for k in ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids")}
+    N, S = src["input_ids"].shape
     R, K = packs.shape
-    lengths = sample_lengths(samples["input_mask"])
-    mpos = np.asarray(samples["masked_lm_positions"])
-    mids = np.asarray(samples["masked_lm_ids"])
-    seg = np.asarray(samples["segment_ids"])
-    nsp = np.asarray(samples["next_sentence_labels"]).reshape(N)
+    src["lengths"] = sample_lengths(samples["input_mask"])
+    src["nsp"] = np.asarray(samples["next_sentence_labels"]).reshape(N)
     if width is None:
-        width = mlm_width(mpos.shape[1], K, prediction_counts(mpos), packs)
-    out: dict[str, np.ndarray] = {
-        "input_ids": np.zeros((R, S), np.int32),
-        "segment_ids": np.zeros((R, S), np.int8),
-        "positions": np.zeros((R, S), np.int32),
-        "input_mask": np.zeros((R, S), np.int8),
-        "next_sentence_positions": np.zeros((R, K), np.int32),
-        "next_sentence_labels": np.zeros((R, K), np.int8),
-        "next_sentence_weights": np.zeros((R, K), np.int8),
-    }
+        width = mlm_width(src["masked_lm_positions"].shape[1], K, prediction_counts(src["masked_lm_positions"]), packs)
+    widths = {"masked_lm_positions": width, "masked_lm_ids": width}
+    widths |= {k: K for k in ("next_sentence_positions", "next_sentence_labels", "next_sentence_weights")}
+    out: dict[str, np.ndarray] = {n: np.zeros((R, widths.get(n, S)), dt) for n, dt in PACKED_SCHEMA.items()}
+    step = max(1, _BLOCK_TOKENS // max(1, S))
+    for a in range(0, R, step):  # the slices of `out` are views: each block writes its rows in place
+        _fill_rows(src, packs[a : a + step], {k: v[a : a + step] for k, v in out.items()})
+    return out
+
+
+def _fill_rows(src: Mapping[str, np.ndarray], packs: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    """Write the packed rows of `packs` (B, K) into the zeroed (B, ...) arrays of `out` (build_packed_rows)."""
+    R, K = packs.shape
+    S = out["input_ids"].shape[1]
+    width = out["masked_lm_positions"].shape[1]
     col = np.arange(S)[None, :]  # (1, S)
     offset = np.zeros(R, np.int64)
     pred_pos, pred_ids = [], []
     for k in range(K):
         idx = packs[:, k]
-        real = idx >= 0  # (R,)
-        src = np.maximum(idx, 0)
-        length = np.where(real, lengths[src], 0)  # (R,)
+        real = idx >= 0  # (B,)
+        i = np.maximum(idx, 0)
+        length = np.where(real, src["lengths"][i], 0)  # (B,)
         if (offset + length > S).any():
             raise ValueError("a pack is longer than the row")
-        rel = col - offset[:, None]  # (R, S) position within this slot's sequence
+        rel = col - offset[:, None]  # (B, S) position within this slot's sequence
         inside = (rel >= 0) & (rel < length[:, None])
         gather = np.clip(rel, 0, S - 1)
-        out["input_ids"][inside] = np.take_along_axis(ids[src], gather, 1)[inside]
-        out["segment_ids"][inside] = np.take_along_axis(seg[src], gather, 1)[inside]
+        out["input_ids"][inside] = np.take_along_axis(src["input_ids"][i], gather, 1)[inside]
+        out["segment_ids"][inside] = np.take_along_axis(src["segment_ids"][i], gather, 1)[inside]
         out["positions"][inside] = rel[inside]
         out["input_mask"][inside] = k + 1
         out["next_sentence_positions"][:, k] = np.where(real, offset, 0)
-        out["next_sentence_labels"][:, k] = np.where(real, nsp[src], 0)
+        out["next_sentence_labels"][:, k] = np.where(real, src["nsp"][i], 0)
         out["next_sentence_weights"][:, k] = real
-        p = mpos[src]  # (R, P)
+        p = src["masked_lm_positions"][i]  # (B, P)
         valid = (p != 0) & real[:, None]
         pred_pos.append(np.where(valid, p + offset[:, None], 0))
-        pred_ids.append(np.where(valid, mids[src], 0))
+        pred_ids.append(np.where(valid, src["masked_lm_ids"][i], 0))
         offset = offset + length
-    pos = np.concatenate(pred_pos, axis=1)  # (R, K*P): slot k's predictions after slot k-1's
+    pos = np.concatenate(pred_pos, axis=1)  # (B, K*P): slot k's predictions after slot k-1's
     lab = np.concatenate(pred_ids, axis=1)
     # compact the real predictions to the front of each row; positions stay increasing (offsets increase)
     order = np.argsort(pos == 0, axis=1, kind="stable")
@@ -113,12 +120,9 @@ def build_packed_rows(
     lab = np.take_along_axis(lab, order, 1)
     if (pos[:, width:] != 0).any():
         raise ValueError(f"a pack holds more than {width} predictions")
-    out["masked_lm_positions"] = np.zeros((R, width), np.int32)
-    out["masked_lm_ids"] = np.zeros((R, width), np.int32)
     n = min(width, pos.shape[1])
     out["masked_lm_positions"][:, :n] = pos[:, :n]
     out["masked_lm_ids"][:, :n] = lab[:, :n]
-    return {name: out[name] for name in PACKED_SCHEMA}
 
 
 def pack_samples(
