@@ -354,10 +354,11 @@ def init_weights(module: nn.Module, config: BertConfig) -> None:
 
 
 def init_modern_weights(module: nn.Module, config: BertConfig) -> None:
-    """ModernBERT's init (HF `ModernBertPreTrainedModel._init_weights`): truncated normal at +-2 std; std 0.02
-    for embeddings and input projections (Wqkv, Wi), 0.02 / sqrt(2 L) for output projections (Wo, the prediction
-    head's dense), hidden**-0.5 for the final classifier; biases 0, LayerNorm 1/0."""
-    std_in = config.initializer_range
+    """ModernBERT's init (HF `ModernBertPreTrainedModel._init_weights`): truncated normal at +-2 std
+    (`initializer_cutoff_factor`); std 0.02 for embeddings and input projections (Wqkv, Wi), 0.02 / sqrt(2 L) for
+    output projections (Wo, the prediction head's dense), hidden**-0.5 for the final classifier; biases 0,
+    LayerNorm 1/0."""
+    std_in, cut = config.initializer_range, config.initializer_cutoff_factor
     stds = {"in": std_in, "out": std_in / math.sqrt(2.0 * config.num_hidden_layers), "final": config.hidden_size**-0.5}
     for name, m in module.named_modules():
         if isinstance(m, nn.LayerNorm):
@@ -373,7 +374,7 @@ def init_modern_weights(module: nn.Module, config: BertConfig) -> None:
             std = stds["final"]
         else:
             std = stds["in"]
-        nn.init.trunc_normal_(m.weight, 0.0, std, -2.0 * std, 2.0 * std)  # initializer_cutoff_factor 2
+        nn.init.trunc_normal_(m.weight, 0.0, std, -cut * std, cut * std)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 

@@ -27,14 +27,17 @@ class ModelSize:
 
 
 # ModernBERT's published config.json values (answerdotai/ModernBERT-base and -large): the GPT-NeoX-based BPE
-# vocab of 50,368 (a multiple of 64), 8,192 positions, LayerNorm eps 1e-5 and no dropout. The padding id
-# (50283 in the published tokenizer) belongs to the vocab a run trains with, so the preset leaves it at 0.
+# vocab of 50,368 (a multiple of 64), 8,192 positions, LayerNorm eps 1e-5, no dropout, and sequence
+# classification by the mean of the real tokens (AnswerDotAI/ModernBERT's convert_to_hf.py writes
+# classifier_pooling "mean"; transformers' ModernBertConfig defaults to "cls", so it must be stated). The padding
+# id (50283 in the published tokenizer) belongs to the vocab a run trains with, so the preset leaves it at 0.
 _MODERN = (
     ("vocab_size", 50368),
     ("max_position_embeddings", 8192),
     ("layer_norm_eps", 1e-5),
     ("hidden_dropout_prob", 0.0),
     ("attention_probs_dropout_prob", 0.0),
+    ("classifier_pooling", "mean"),
 )
 
 
@@ -75,6 +78,7 @@ MODERN_FIELDS = (
     "global_attn_every_n_layers",
     "global_rope_theta",
     "local_rope_theta",
+    "initializer_cutoff_factor",
 )
 
 
@@ -133,6 +137,8 @@ class BertConfig:
     """Rotary base of the global layers (ModernBERT: 160,000, raised for the 8,192-token phase)."""
     local_rope_theta: float = 10000.0
     """Rotary base of the local layers."""
+    initializer_cutoff_factor: float = 2.0
+    """The init's truncated normal is cut at this many standard deviations (transformers' name and default)."""
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -149,6 +155,8 @@ class BertConfig:
             )
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError(f"pad_token_id {self.pad_token_id} is outside the vocabulary of {self.vocab_size}")
+        if self.initializer_cutoff_factor <= 0:
+            raise ConfigError(f"initializer_cutoff_factor must be > 0, not {self.initializer_cutoff_factor}")
         if self.classifier_pooling not in ("cls", "mean"):
             raise ConfigError(f"classifier_pooling must be cls or mean, not {self.classifier_pooling!r}")
 

@@ -47,7 +47,7 @@ import torch
 from bertforge.errors import ConfigError, UserError, first_line
 from bertforge.model.activations import ACTIVATIONS
 from bertforge.model.bert import BertForTask, build_model
-from bertforge.model.config import MODEL_PRESETS, MODEL_TYPES, BertConfig
+from bertforge.model.config import MODEL_TYPES, BertConfig
 from bertforge.model.heads import TASK_HEADS
 from bertforge.runtime import distributed as ddp
 from bertforge.runtime.io import atomic_dir, read_json_object
@@ -127,6 +127,25 @@ MODERN_RENAMES = {
 }
 
 
+# transformers' ModernBertConfig defaults (ModernBERT-base's shape) of the BertConfig fields whose own defaults
+# differ: what transformers builds from a config.json that leaves them out. Not a preset's values: a preset may
+# differ from transformers' default (classifier_pooling), and a checkpoint that names none pools as transformers
+# does. The BertConfig defaults of the other ModernBERT fields are already transformers'.
+HF_MODERN_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 50368,
+    "hidden_size": 768,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 8192,
+    "layer_norm_eps": 1e-5,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+    "pad_token_id": 50283,
+    "classifier_pooling": "cls",
+}
+
+
 # ------------------------------------------------------------------------------------------- config
 def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConfig:
     """A Hugging Face config dict -> BertConfig (unknown keys are ignored; unsupported variants are errors)."""
@@ -151,7 +170,7 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConf
         kw.setdefault("pad_token_id", 1)
         kw.setdefault("layer_norm_eps", 1e-5)
     if model_type == "modernbert":  # HF ModernBertConfig's defaults where config.json leaves a field out
-        kw = {**dict(MODEL_PRESETS["modernbert-base"].defaults), "intermediate_size": 1152, "pad_token_id": 50283, **kw}
+        kw = {**HF_MODERN_DEFAULTS, **kw}
     try:
         return BertConfig(**kw)
     except ConfigError as e:
@@ -162,8 +181,13 @@ def _modern_from_hf(raw: dict[str, Any], source: str) -> dict[str, Any]:
     """ModernBertConfig keys -> BertConfig's: renamed fields, the layer pattern and the two rotary bases,
     from either the current format (layer_types, rope_parameters) or the original one (global_attn_every_n_layers,
     global_rope_theta, local_rope_theta)."""
-    # a field given under our name (load_pretrained's config_overrides) wins over the checkpoint's HF name
-    out = {**raw, **{ours: raw[hf] for ours, hf in MODERN_RENAMES.items() if hf in raw and ours not in raw}}
+    # transformers reads these fields under its own names only: BERT's spellings in the file (older converters
+    # wrote layer_norm_eps beside norm_eps) are ignored as it ignores them, else they could win over its names or
+    # defaults. load_pretrained's config_overrides, given under our names, are applied after this.
+    out = {k: v for k, v in raw.items() if k not in MODERN_RENAMES}
+    out.update({ours: raw[hf] for ours, hf in MODERN_RENAMES.items() if hf in raw})
+    if "initializer_cutoff_factor" in raw and raw["initializer_cutoff_factor"] is None:
+        out["initializer_cutoff_factor"] = 3.0  # what ModernBertPreTrainedModel._init_weights cuts at for None
     types = raw.get("layer_types")
     if types:
         n = next((i for i, t in enumerate(types) if i and t == "full_attention"), len(types))
