@@ -106,7 +106,8 @@ def test_another_optimizer_is_refused_on_resume_and_starts_afresh_in_a_new_phase
         capsys.readouterr()
         assert main(_argv(overrides, shards, lamb, *flags, **{"train.max_steps": 4, "optim.name": "adamw"})) == 2
         one_line(capsys.readouterr().err, "--resume", "lamb", "optim.name=lamb", "train.init_checkpoint")
-    phase2 = {"train.max_steps": 2, "train.init_checkpoint": lamb, "optim.name": "adamw"}
+    unfinished = ckpt.latest_checkpoint(lamb / "checkpoints").path  # named as such: a phase from a stopped one
+    phase2 = {"train.max_steps": 2, "train.init_checkpoint": unfinished, "optim.name": "adamw"}
     assert main(_argv(overrides, shards, adamw, **phase2)) == 0
     assert "weights loaded; its lamb moments not (adamw starts afresh)" in capsys.readouterr().out
     back = {"train.max_steps": 2, "train.init_checkpoint": adamw, "optim.name": "lamb"}

@@ -28,6 +28,8 @@ rank's items w, w+W, w+2W, … and the DataLoader returns them in order, prefetc
 from __future__ import annotations
 
 import bisect
+import functools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,7 @@ import torch
 from bertforge.data.instances import REPLACE_SPLIT, check_replace_split, mask_tokens, num_to_predict
 from bertforge.data.shardset import LOADER_MASKED, ROW_KEYS, ShardSet, check_values, reading
 from bertforge.errors import UserError
+from bertforge.runtime.signals import stop_signals_held, worker_leaves_stopping_to
 
 
 @dataclass
@@ -443,20 +446,21 @@ def batch_stream(
     if num_workers == 0:
         batches = iter(dataset)
         return ({k: v.pin_memory() for k, v in b.items()} for b in batches) if pin_memory else batches
-    return iter(
-        torch.utils.data.DataLoader(
-            dataset,
-            batch_size=None,
-            num_workers=num_workers,
-            prefetch_factor=prefetch,
-            persistent_workers=False,
-            pin_memory=pin_memory,
-            # its own generator: creating the iterator must not draw from the global RNG that dropout uses
-            # (exact resume)
-            generator=torch.Generator().manual_seed(seed),
-            multiprocessing_context="fork" if _can_fork() else None,
-        )
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        prefetch_factor=prefetch,
+        persistent_workers=False,
+        pin_memory=pin_memory,
+        # its own generator: creating the iterator must not draw from the global RNG that dropout uses
+        # (exact resume)
+        generator=torch.Generator().manual_seed(seed),
+        multiprocessing_context="fork" if _can_fork() else None,
+        worker_init_fn=functools.partial(worker_leaves_stopping_to, os.getpid()),
     )
+    with stop_signals_held():  # the workers start here, and inherit the mask until their init function runs
+        return iter(loader)
 
 
 def with_segments(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 from bertforge.errors import UserError
+from bertforge.runtime.signals import STOP_SIGNALS, stop_signals_held
 
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _END = object()
 
 
@@ -80,20 +80,18 @@ class WorkerPool:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
         self.procs: list[Any] = []
         self.conns: list[Any] = []
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         try:
-            for _ in range(workers):
-                mine, theirs = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(theirs, initializer), daemon=True)
-                proc.start()
-                theirs.close()  # the worker holds the only other end: its death is end-of-file here
-                self.procs.append(proc)
-                self.conns.append(mine)
+            with stop_signals_held():
+                for _ in range(workers):
+                    mine, theirs = ctx.Pipe()
+                    proc = ctx.Process(target=_serve, args=(theirs, initializer), daemon=True)
+                    proc.start()
+                    theirs.close()  # the worker holds the only other end: its death is end-of-file here
+                    self.procs.append(proc)
+                    self.conns.append(mine)
         except BaseException:
             self.kill()
             raise
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def map(self, fn: Callable, items: Iterable, ordered: bool = True) -> Iterator:
         """fn(item) for each item, in input order (`ordered`) or as each finishes; one item per worker in flight

@@ -7,6 +7,7 @@ finished outputs kept). The training loops stop at a step boundary instead (`run
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -85,3 +86,48 @@ def interrupts_kept() -> Iterator[None]:
         yield
     finally:
         sys.unraisablehook = hook
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held in this thread while worker processes fork (`data.workers.WorkerPool`, the
+    DataLoader's): a child starts with this mask, so it gets neither before its own handlers are in place
+    (`quiet_worker`, `worker_leaves_stopping_to`); this process gets them when the block ends."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def worker_leaves_stopping_to(trainer: int, worker_id: int) -> None:
+    """A DataLoader worker's init function. A stop signal sent to the whole job reaches the loader's workers too:
+    torchrun stops its workers with killpg, SLURM signals every process of the job, a terminal's Ctrl-C its
+    foreground group. Stopping is the training process's to do (`runtime.preempt`: end the step, save, exit);
+    torch's worker handler died of SIGTERM, and the training process then failed inside its next step
+    ("DataLoader worker ... is killed by signal: Terminated") with no checkpoint. So SIGINT is ignored here, and
+    SIGTERM, blocked, is waited for in a thread: it ends the worker only when `trainer` (the training process:
+    the DataLoader's own shutdown) sent it, as torch's handler does."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not hasattr(signal, "sigwaitinfo"):  # no sender to tell apart (macOS, Windows): the parent's shutdown
+        # still ends the worker, which leaves its loop once the DataLoader says it is done
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        return
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a thread that has it unblocked drops it
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # here and in the waiter, which inherits it
+
+    def wait() -> None:
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != trainer:
+            pass  # someone else's: the training process got its own copy and stops at a step boundary
+        os._exit(0)
+
+    threading.Thread(target=wait, name="bertforge-sigterm", daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

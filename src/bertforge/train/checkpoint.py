@@ -10,8 +10,9 @@ Layout of `<output_dir>/checkpoints/`:
 A checkpoint is complete when its directory has its final name: everything is written into a hidden
 temporary directory first and renamed into place (rename is atomic on POSIX), so a run killed mid-write
 leaves the previous checkpoint as the newest complete one and a stale `.tmp-*` directory that the next save
-removes. Steps are sorted numerically (step_10 after step_9). The training state is read with
-`torch.load(weights_only=True)`: a checkpoint file from elsewhere can hold tensors and plain data, never code.
+removes; keep_last's deletions go the other way (renamed out of sight, then removed). Steps are sorted
+numerically (step_10 after step_9). The training state is read with `torch.load(weights_only=True)`: a
+checkpoint file from elsewhere can hold tensors and plain data, never code.
 Nothing here is specific to pre-training: fine-tuning passes its own `write_model` and state.
 """
 
@@ -30,7 +31,7 @@ import torch
 
 from bertforge.errors import UserError
 from bertforge.model.hf_interop import load_weights_only
-from bertforge.runtime.io import atomic_dir, read_json_object, remove_stale
+from bertforge.runtime.io import atomic_dir, read_json_object, remove_stale, temp_name
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "training_state.pt"
@@ -119,5 +120,17 @@ def save_checkpoint(
         if _before_rename is not None:
             _before_rename(tmp)
     for old_ckpt in list_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(old_ckpt.path, ignore_errors=True)
+        discard(old_ckpt)
     return Checkpoint(final, step)
+
+
+def discard(found: Checkpoint) -> None:
+    """Delete a checkpoint: renamed to a hidden name first (one atomic step), then removed. Removed in place, a
+    kill half-way left a step directory whose meta.json still said complete without the files it describes; the
+    hidden rest is what `remove_stale` clears at the next save."""
+    hidden = temp_name(found.path, "old")
+    try:
+        found.path.rename(hidden)
+    except OSError:  # gone already, or not ours to rename: nothing listed changes
+        return
+    shutil.rmtree(hidden, ignore_errors=True)

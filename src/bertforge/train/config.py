@@ -151,8 +151,9 @@ class PretrainTrainConfig(TrainConfig):
     keep_last: int = 3
     """Keep the newest K checkpoints."""
     stop_after_steps: int = 0
-    """End this process after this many updates of the phase (0: run to max_steps), with a checkpoint: for
-    time-limited cluster jobs that continue with --resume (the schedule still spans max_steps)."""
+    """End this process after this many more updates from the step it started or resumed at (0: run to max_steps),
+    with a checkpoint: for time-limited cluster jobs resubmitted with --resume (the schedule still spans
+    max_steps)."""
     init_checkpoint: str | None = None
     """Phase 2: a phase-1 checkpoint (step_N dir or its run dir) whose weights and optimizer moments start this
     phase, with the step reset and this config's schedule. A --resume in this phase's output_dir wins over it."""

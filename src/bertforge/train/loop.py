@@ -22,6 +22,7 @@ checkpoint saved (`runtime.preempt`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import shutil
 import time
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from bertforge import device as dev
@@ -487,21 +489,70 @@ RESUME_KEYS = (
     "optim.beta1",
     "optim.beta2",
     "optim.eps",
+    "optim.max_grad_norm",
+    "data.mlm_probability",
+    "data.mask_replace_prob",
+    "data.random_replace_prob",
+    "data.synthetic_seq_len",
+    "data.synthetic_max_pred",
+    "data.synthetic_histogram",
+    "data.synthetic_pack",
+    "data.synthetic_pack_algorithm",
+    "data.synthetic_vocab_size",
 )
 """What --resume must share with the checkpoint's run: the data order (the loader's lanes are global / micro
-batch, its shuffles follow the seed and chunk_rows; the shards), the schedule and the optimizer's settings."""
+batch, its shuffles follow the seed and chunk_rows; the shards), the data itself (the masks drawn for shards
+masked in the loader, the synthetic source's rows), the schedule and the optimizer's settings (clipping too)."""
+
+
+def data_signature(loader: Any) -> dict[str, Any] | None:
+    """The shards the data order is dealt from, beyond data.input_dir's path: their count, rows and a digest of each
+    file's name, rows, size and the manifest's sha256 (where it records one), so a shard added to or removed from
+    the directory, or rebuilt from other documents, is seen on --resume (the lanes are dealt from the row counts:
+    another order, rows read twice or never). No file is read; a size is one `stat`. None for synthetic data."""
+    shards: ShardSet | None = getattr(loader, "shards", None)
+    if shards is None:
+        return None
+    listed = {e.get("file"): e.get("sha256") for e in shards.manifest.get("shards") or [] if isinstance(e, dict)}
+    parts = [[i.path.name, i.rows, _size(i.path), listed.get(i.path.name)] for i in shards.infos]
+    digest = hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+    return {"shards": len(parts), "rows": shards.rows, "sha256": digest}
+
+
+def _size(path: Path) -> int | None:
+    """A shard's size; None when it cannot be read now (the save goes on: the reader names a lost shard)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _data_changed(saved: Any, now: dict[str, Any] | None) -> list[str]:
+    """The shards' change since the checkpoint (`data_signature`), as one `changed` entry; none when either
+    side has no signature (synthetic data, a checkpoint from before it was recorded)."""
+    if not (isinstance(saved, dict) and now is not None) or saved.get("sha256") == now["sha256"]:
+        return []
+    how = "added or removed" if saved.get("shards") != now["shards"] else "rebuilt or replaced"
+    return [
+        f"data.input_dir's shards ({saved.get('shards')} files, {saved.get('rows')} rows -> {now['shards']} files, "
+        f"{now['rows']} rows; {how})"
+    ]
 
 
 def check_resume(
-    cfg: PretrainConfig, found: ckpt.Checkpoint, allow_changed: bool, info: ddp.DistInfo, lanes: int | None = None
+    cfg: PretrainConfig,
+    found: ckpt.Checkpoint,
+    allow_changed: bool,
+    info: ddp.DistInfo,
+    lanes: int | None = None,
+    data: dict[str, Any] | None = None,
 ) -> None:
-    """Compare RESUME_KEYS with the config the checkpoint recorded, and the data `lanes` (micro-batches per
-    update over all ranks) with the checkpoint's: a change is refused (it would not continue the saved run:
-    another data order, another learning-rate curve) unless `allow_changed` (--allow-changed)."""
+    """Compare RESUME_KEYS with the config the checkpoint recorded, the data `lanes` (micro-batches per update
+    over all ranks) and the shards (`data`: `data_signature`) with the checkpoint's: a change is refused (it
+    would not continue the saved run: another data order, another learning-rate curve) unless `allow_changed`
+    (--allow-changed)."""
     meta = found.meta()
     saved = meta.get("config")
-    if not isinstance(saved, dict):
-        return  # nothing recorded to compare with
     if (name := _recorded(saved, "optim.name")) not in (None, cfg.optim.name):
         raise UserError(
             f"--resume: checkpoint {found.path} holds {name}'s state, and optim.name is now {cfg.optim.name}: "
@@ -509,19 +560,21 @@ def check_resume(
             "train.init_checkpoint (its weights, the optimizer afresh)"
         )
     now = asdict(cfg)
-    changed = []
+    changed = _data_changed(meta.get("data"), data)
     if lanes is not None and isinstance(meta.get("lanes"), int) and meta["lanes"] != lanes:
         # packed rows per update round to micro x processes: another process count can change them
         ranks = f"{meta.get('world_size')} -> {info.world_size} processes: run on {meta.get('world_size')} to keep them"
         changed.append(f"data lanes {meta['lanes']} -> {lanes} ({ranks})")
+    recorded_cfg: dict[str, Any] = saved if isinstance(saved, dict) else {}  # none recorded: nothing to compare
     for key in RESUME_KEYS:
         section, name = key.split(".")
-        recorded = saved.get(section) or {}
+        recorded = recorded_cfg.get(section) or {}
         if name not in recorded:
             continue  # a checkpoint from before the key existed: nothing to compare
         if name.startswith("decay") and cfg.optim.schedule != "wsd":
             continue  # only wsd reads them (a run of another schedule may have recorded any value, ignored)
-        old, new = recorded[name], now[section][name]
+        # as meta.json holds it (a histogram's pairs are lists there, whatever the config made of them)
+        old, new = recorded[name], json.loads(json.dumps(now[section][name], default=str))
         if key == "data.input_dir" and old and new:
             old, new = str(Path(old).resolve()), str(Path(new).resolve())
         if key == "model.global_rope_theta":  # null is the model's own base: compare the base that runs
@@ -585,8 +638,7 @@ def restore(
         else:  # written in bf16/fp32 (precision auto on another GPU): fp16 starts its loss scale afresh
             _log0(info, f"{found.path} was written without loss scaling: fp16 starts a fresh loss scale")
         state = TrainState(**saved["train_state"])
-        rng = saved["rng"][info.rank] if info.rank < len(saved["rng"]) else saved["rng"][0]
-        dev.set_rng_state(device, rng)
+        _restore_rng(saved["rng"], cfg.train.seed, state.batches, device, info)
         _log0(
             info,
             f"resumed from {found.path} (phase {state.phase}, step {state.step}, {state.sequences:,} sequences seen)",
@@ -600,6 +652,7 @@ def restore(
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix)
         prev = TrainState(**saved["train_state"])
+        _check_finished(cfg.train.init_checkpoint, src, prev)
         if (name := _recorded(src.meta().get("config"), "optim.name")) in (None, cfg.optim.name):
             _load_optimizer(optimizer, saved["optimizer"])
             _reset_optimizer_step(optimizer)
@@ -614,6 +667,40 @@ def restore(
     if resume:
         _log0(info, f"--resume: no checkpoint in {ckpt_root}; starting from scratch")
     return TrainState(), False
+
+
+def _restore_rng(rngs: list[Any], seed: int, batches: int, device: torch.device, info: ddp.DistInfo) -> None:
+    """Each rank's own saved RNG states: dropout continues as in the uninterrupted run. On another process count
+    (the lanes, so the data order, can stay the same) a rank the checkpoint has no state for is seeded afresh from
+    (seed, rank, data cursor): given rank 0's state, as it was, it drew rank 0's dropout masks for the rest of the
+    run. Either way the random draws cannot continue as saved, and the run says so."""
+    if info.rank < len(rngs):
+        dev.set_rng_state(device, rngs[info.rank])
+    else:
+        torch.manual_seed(int(np.random.SeedSequence([seed, info.rank, batches]).generate_state(1)[0]))
+    if len(rngs) != info.world_size:
+        _log0(
+            info,
+            f"--resume: the checkpoint was written by {len(rngs)} process{'es' if len(rngs) > 1 else ''} and this "
+            f"run has {info.world_size} processes: the data order goes on as saved, the random draws (dropout) do not",
+        )
+
+
+def _check_finished(given: str | None, src: ckpt.Checkpoint, prev: TrainState) -> None:
+    """train.init_checkpoint given as a run directory means the result of that run's phase: its newest checkpoint
+    must be the phase's last step. A phase stopped early by train.stop_after_steps exits 0, so a next phase chained
+    on it (sbatch --dependency=afterok) started from a partly trained model without a word. A step directory
+    named as such is started from on purpose."""
+    if given is None or Path(given).resolve() == src.path.resolve():
+        return
+    config = src.meta().get("config")
+    total = (config.get("train") or {}).get("max_steps") if isinstance(config, dict) else None
+    if isinstance(total, int) and prev.step < total:
+        raise UserError(
+            f"train.init_checkpoint {given}: its newest checkpoint {src.path.name} is at step {prev.step} of its "
+            f"{total} (train.max_steps): that phase has not finished; continue it with --resume first, or set "
+            f"train.init_checkpoint={src.path} to start from this checkpoint anyway"
+        )
 
 
 def setup(
@@ -640,7 +727,7 @@ def setup(
     dev.check_compile_toolchain(device, compile_keys(t, o))
     ckpt_root = Path(t.output_dir) / "checkpoints"
     if resume and (found := ckpt.latest_checkpoint(ckpt_root)) is not None:
-        check_resume(cfg, found, allow_changed, info, loader.accum * info.world_size)
+        check_resume(cfg, found, allow_changed, info, loader.accum * info.world_size, data_signature(loader))
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
     model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size), info)
     model.to(device)
@@ -797,6 +884,7 @@ def save(run: Run, window: _Window) -> ckpt.Checkpoint | None:
                 "precision": run.precision,
                 "world_size": run.info.world_size,
                 "lanes": run.loader.accum * run.info.world_size,  # micro-batches per update: --resume compares them
+                "data": data_signature(run.loader),  # the shards the lanes were dealt from: --resume compares them
                 "config": asdict(run.cfg),
             },
             keep_last=run.cfg.train.keep_last,
@@ -832,7 +920,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
     output_dir/profile/ (trace.json for Perfetto/TensorBoard, top_ops.txt) and print the top kernels.
     `preempt`: its signal flag is read at each step boundary; set, the run saves and raises `Preempted`."""
     t, o, state = run.cfg.train, run.cfg.optim, run.state
-    stop_at = _stop_at(t)
+    stop_at = _stop_at(t, state.step)
     prof = _profiler(run, profile_steps)
     batches = _one_line_errors(run.loader.iterate(start_batch=state.batches))
     window = _Window(run.device)
@@ -914,7 +1002,7 @@ def _profiler(run: Run, steps: int) -> StepProfiler | None:
 def check_profile(steps: int, t: PretrainTrainConfig, state: TrainState) -> None:
     """`--profile N` records N steps after PROFILE_WARMUP steps (StepProfiler's default): refused at start-up when
     the steps this run has left cannot hold them (the profile would end with the run, unwritten)."""
-    left, w = _stop_at(t) - state.step, PROFILE_WARMUP
+    left, w = _stop_at(t, state.step) - state.step, PROFILE_WARMUP
     if steps > 0 and w + steps > left:
         raise UserError(
             f"--profile {steps} records {steps} steps after {w} warm-up step, and this run has {left} left: "
@@ -922,9 +1010,12 @@ def check_profile(steps: int, t: PretrainTrainConfig, state: TrainState) -> None
         )
 
 
-def _stop_at(t: PretrainTrainConfig) -> int:
-    """The step this process ends at: train.max_steps, or train.stop_after_steps before it."""
-    return min(t.max_steps, t.stop_after_steps) if t.stop_after_steps > 0 else t.max_steps
+def _stop_at(t: PretrainTrainConfig, start: int) -> int:
+    """The step this process ends at: train.max_steps, or train.stop_after_steps updates after `start` (the step it
+    resumed at) before it. Counted from this process's start, not from the phase's: a time-limited job is resubmitted
+    with the same command line (examples/pretrain.sbatch), and a phase step would end every job after the first
+    where it began, without a step."""
+    return min(t.max_steps, start + t.stop_after_steps) if t.stop_after_steps > 0 else t.max_steps
 
 
 def _profiled(run: Run, prof: StepProfiler) -> None:
