@@ -210,3 +210,19 @@ def test_a_checkpoint_half_deleted_by_keep_last_is_not_listed(tmp_path, monkeypa
     assert all((c.path / ckpt.STATE_FILE).is_file() for c in ckpt.list_checkpoints(tmp_path))
     ckpt.save_checkpoint(tmp_path, 4, write, {"step": 4}, {}, keep_last=2)  # the next save clears what was left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004"]
+
+
+def test_a_training_state_with_counters_this_version_does_not_know_is_one_line(shards, tmp_path, capsys):
+    """A checkpoint written by a newer bertforge (a counter added to TrainState) stopped --resume with
+    `TypeError: TrainState.__init__() got an unexpected keyword argument`."""
+    run = tmp_path / "run"
+    assert main(_argv(shards, run, **{"train.max_steps": 2, "train.save_every": 2})) == 0
+    state_file = ckpt.latest_checkpoint(run / "checkpoints").path / ckpt.STATE_FILE
+    saved = torch.load(state_file, weights_only=True)
+    saved["train_state"]["future_counter"] = 1
+    torch.save(saved, state_file)
+    capsys.readouterr()
+    assert (
+        main([*_argv(shards, run, **{"train.max_steps": 4, "train.save_every": 2}), "--resume", "--allow-changed"]) == 2
+    )
+    one_line(capsys.readouterr().err, "its training state holds future_counter, which this version of bertforge")

@@ -27,7 +27,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +75,19 @@ class TrainState:
     """Wall time spent in this phase's loop, over all resumed runs."""
     fp8_fallen_back: bool = False
     """train.fp8 went back to bf16 after non-finite steps: for the rest of the run, resumed runs included."""
+
+    @classmethod
+    def of(cls, saved: Any, path: Path) -> TrainState:
+        """The counters a checkpoint's training state holds; one line, not a TypeError, for a state this version
+        cannot read (a newer bertforge's counters, or not a mapping)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(saved) - known) if isinstance(saved, dict) else ["(not a mapping)"]
+        if unknown:
+            raise UserError(
+                f"{path}: its training state holds {', '.join(map(str, unknown))}, which this version of bertforge "
+                "does not know: resume it with the version that wrote it"
+            )
+        return cls(**saved)
 
 
 # --------------------------------------------------------------------------------------------- pieces
@@ -637,7 +650,7 @@ def restore(
             scaler.load_state_dict(saved["scaler"])
         else:  # written in bf16/fp32 (precision auto on another GPU): fp16 starts its loss scale afresh
             _log0(info, f"{found.path} was written without loss scaling: fp16 starts a fresh loss scale")
-        state = TrainState(**saved["train_state"])
+        state = TrainState.of(saved["train_state"], found.path)
         _restore_rng(saved["rng"], cfg.train.seed, state.batches, device, info)
         _log0(
             info,
@@ -651,7 +664,7 @@ def restore(
         _check_objective(cfg, src)
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix)
-        prev = TrainState(**saved["train_state"])
+        prev = TrainState.of(saved["train_state"], src.path)
         _check_finished(cfg.train.init_checkpoint, src, prev)
         if (name := _recorded(src.meta().get("config"), "optim.name")) in (None, cfg.optim.name):
             _load_optimizer(optimizer, saved["optimizer"])
