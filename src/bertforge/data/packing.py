@@ -383,13 +383,14 @@ def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str
         done = _resume(out, plan_id, log)
         if done is not None:
             return done
-        plan = _plan(cfg, shards, out, n_out, log)
-        if plan.todo:
-            try:
+        try:
+            plan = _plan(cfg, shards, out, n_out, log)
+            if plan.todo:
                 _bucket_rows(shards, plan.dest, plan.todo, out / WORK_DIR, cfg, log)
-            except UserError:
-                shutil.rmtree(out / WORK_DIR, ignore_errors=True)  # unfinished buckets: a re-run starts them over
-                raise
+        except UserError:
+            # a refused plan (its work dir kept --out from being removed) or unfinished buckets: a re-run starts over
+            shutil.rmtree(out / WORK_DIR, ignore_errors=True)
+            raise
         _write_packed(cfg, shards, plan, out, log)
         meta = _write_metadata(cfg, shards, plan, plan_id, out)
     shutil.rmtree(out / WORK_DIR, ignore_errors=True)

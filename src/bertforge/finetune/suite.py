@@ -135,8 +135,8 @@ def median_run_metrics(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per task: the lr with the best median score over seeds, the median of each metric and of the score at it,
-    the seed spread; then the averages over tasks."""
+    """Per task: the lr with the best median score over seeds, the median run's metrics (`median_run_metrics`) and
+    the median score at it, the seed spread; then the averages over tasks."""
     tasks: dict[str, Any] = {}
     for task in [t for t in GLUE_ORDER if any(r["task"] == t for r in results)]:
         rows = [r for r in results if r["task"] == task]
