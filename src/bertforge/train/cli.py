@@ -33,9 +33,10 @@ def pretrain_add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-changed",
         action="store_true",
-        help="with --resume: continue although the data order (global or micro batch, train.seed, data.input_dir, "
-        "data.chunk_rows) or the schedule (optim.lr, optim.warmup, optim.schedule, train.max_steps) differ from "
-        "the checkpoint's run (refused without it)",
+        help="with --resume: continue although the data (global or micro batch, train.seed, data.input_dir and its "
+        "shards, data.chunk_rows, the masking), the schedule (optim.lr, optim.warmup, optim.schedule, "
+        "train.max_steps, ...) or the optimizer's settings differ from the checkpoint's run (refused without it; "
+        "the refusal names what changed)",
     )
     p.add_argument(
         "--json-summary",
