@@ -111,16 +111,48 @@ def data_run(args: argparse.Namespace) -> int:
         return _data_run(args)
 
 
+# path flags (attribute, flag) whose empty value is refused; --source/--dump: `DocsConfig.validate` says it
+PATH_FLAGS = (
+    ("out", "--out"),
+    ("docs", "--docs"),
+    ("vocab", "--vocab"),
+    ("from_vocab", "--from"),
+    ("index", "--index"),
+    ("eval_out", "--eval-out"),
+    ("plot", "--plot"),
+    ("config", "--config"),
+)
+
+
 def _check_flags(args: argparse.Namespace) -> None:
-    """The flags of `data docs`, `wiki` and `vocab`, through the checks their `data prepare` sections get."""
+    """The flags of `data docs`, `wiki` and `vocab`, through the checks their `data prepare` sections get; an
+    empty path anywhere."""
     from bertforge.data.config import DocsConfig, VocabConfig
 
+    # `--out "$OUT"` with OUT unset: Path("") is the working directory, so the step would write its files there,
+    # or read a vocab or documents from there (--vocab, --docs), or draw no plot (--plot)
+    given = [(flag, getattr(args, key)) for key, flag in PATH_FLAGS if getattr(args, key, None) is not None]
+    if empty := next((flag for flag, value in given if not value.strip()), None):
+        raise UserError(f"{empty} is empty: give it a value, or leave the flag out")
+    if any(not p.strip() for p in getattr(args, "paths", None) or []):
+        raise UserError("a shard path is empty (the working directory): give shard files or directories")
     if args.data_command in ("wiki", "docs"):
         source = args.dump if args.data_command == "wiki" else args.source
         DocsConfig(
             source=source, min_doc_chars=args.min_doc_chars, num_shards=args.shards, workers=args.workers
         ).validate()
     elif args.data_command == "vocab":
+        if args.from_vocab:  # a flag the step would ignore is refused: the user meant it to count
+            trained = (
+                ("--vocab-size", args.vocab_size, VocabConfig.vocab_size),
+                ("--unused", args.unused, VocabConfig.unused_tokens),
+                ("--min-frequency", args.min_frequency, VocabConfig.min_frequency),
+            )
+            if ignored := [f"{flag} {value}" for flag, value, default in trained if value != default]:
+                raise UserError(
+                    f"{', '.join(ignored)} shape a trained vocab, and --from {args.from_vocab} is written as it is: "
+                    "drop them, or train a vocab with --docs"
+                )
         VocabConfig(
             vocab_file=args.from_vocab,
             model=args.model,
@@ -252,6 +284,11 @@ def run_vocab(
         raise UserError(f"--from {from_vocab} copies a vocab and --docs {docs} trains one: give one of them")
     if from_vocab:
         tok = load_tokenizer(from_vocab, lowercase)
+        if model == "bpe" and (kind := tokenizer_model(tok)) != "bpe":  # --model wordpiece is also the default
+            raise UserError(
+                f"--from {from_vocab} is a {kind} vocab, not bpe (--model bpe); it is written as it is: drop --model, "
+                "or give a byte-level BPE tokenizer.json"
+            )
         save_tokenizer(tok, out)
     elif not docs:
         raise UserError("data vocab needs --docs (documents to train on) or --from (an existing vocab)")
@@ -264,11 +301,12 @@ def run_vocab(
     else:
         raise UserError(f"vocab model must be wordpiece or bpe, not {model!r}")
     files = "vocab.txt, tokenizer.json"
-    if tokenizer_model(tok) == "bpe":
-        files = "tokenizer.json (byte-level BPE)"
+    if (kind := tokenizer_model(tok)) != "wordpiece":
+        # only a WordPiece vocab has a vocab.txt (`save_tokenizer`): a BPE one has none, nor a --from WordLevel one
+        files = "tokenizer.json (byte-level BPE)" if kind == "bpe" else f"tokenizer.json ({kind})"
         if (out / "vocab.txt").is_file():  # an earlier WordPiece vocab's: read beside this one, it would mislead
             (out / "vocab.txt").unlink()
-            log(f"data vocab: removed {out / 'vocab.txt'}, an earlier WordPiece vocab's (a BPE vocab has none)")
+            log(f"data vocab: removed {out / 'vocab.txt'}, an earlier WordPiece vocab's (a {kind} vocab has none)")
     have = tok.get_vocab_size()
     short = ""
     if not from_vocab and have < vocab_size:  # the trainer stops when the corpus has no more pieces to merge
@@ -370,6 +408,16 @@ def _check_prepare(cfg: Any, root: Path) -> None:
     cfg.shards.validate()
     if cfg.vocab.vocab_file and not Path(cfg.vocab.vocab_file).exists():
         raise UserError(f"vocab.vocab_file {cfg.vocab.vocab_file} does not exist; fix it, or leave it empty")
+    _check_vocab_out(root / "vocab")
+    if cfg.vocab.vocab_file:  # read it now (a second): an empty or foreign file fails here, not after the documents
+        from bertforge.data.vocab import load_tokenizer
+
+        try:
+            load_tokenizer(cfg.vocab.vocab_file, cfg.vocab.lowercase)
+        except UserError as e:
+            raise UserError(f"vocab.vocab_file: {e}") from None
+    else:
+        _vocab_done(root / "vocab", cfg.vocab.model)  # a vocab of the other model there: refused before the documents
     places = {"docs": "docs", "vocab": "vocab", "shards_subdir": cfg.shards_subdir}
     if cfg.shards.eval_fraction > 0:
         places["eval_subdir"] = cfg.eval_subdir

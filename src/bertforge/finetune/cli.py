@@ -71,6 +71,7 @@ def finetune_run(args: argparse.Namespace) -> int:
     from bertforge.runtime.distributed import env_info
     from bertforge.runtime.preempt import Preempted
 
+    _refuse_empty_values(args)
     try:
         return _suite_run(args) if args.task == "glue" else _task_run(args)
     except Preempted as e:  # one line and 143/130; a re-run of the suite goes on from where it stopped
@@ -119,6 +120,23 @@ def _split(text: str | None, cast, flag: str) -> list:
         # the same run twice would count twice in the median and the spread (and replace its own directory)
         raise UserError(f"{flag} {text!r} names {', '.join(map(str, repeated))} more than once; give each once")
     return values
+
+
+def _refuse_empty_values(args: argparse.Namespace) -> None:
+    """A path flag given an empty value (`--output-dir "$OUT"` with OUT unset) is refused: read as not given,
+    --output-dir and --config would fall back to their defaults (another run's directory, another recipe) and
+    --glue-dir would be dropped, where `--set train.output_dir=` is an error."""
+    for flag, value in (
+        ("--model", args.model),
+        ("--output-dir", args.output_dir),
+        ("--config", args.config),
+        ("--train-file", args.train_file),
+        ("--glue-dir", args.glue_dir),
+        ("--dataset", args.dataset),
+        *(("--dev-file", d) for d in args.dev_file),
+    ):
+        if value is not None and not value.strip():
+            raise UserError(f"{flag} is empty: give it a value, or leave the flag out")
 
 
 def _refuse_suite_flags(args: argparse.Namespace) -> None:

@@ -131,6 +131,12 @@ class TaskConfig:
             raise ConfigError(f"task.max_seq_len must be at least 8, got {self.max_seq_len}")
         if self.doc_stride < 1 or self.n_best < 1 or self.max_answer_len < 1:
             raise ConfigError("task.doc_stride, task.n_best and task.max_answer_len must be >= 1")
+        if not math.isfinite(self.null_score_diff_threshold):
+            # NaN fails every `diff > threshold`, so v2.0 would never predict no-answer and report scores without
+            # an error; +-inf fixes every prediction to one side (as `bertforge score --na-prob-thresh` refuses)
+            raise ConfigError(
+                f"task.null_score_diff_threshold must be a finite number, got {self.null_score_diff_threshold}"
+            )
 
     def validate_squad(self) -> None:
         """The SQuAD-only checks, for a SQuAD task (a GLUE task at max_seq_len 64 must not fail on them)."""

@@ -53,7 +53,7 @@ from bertforge.optim.lamb import optimizer_for
 from bertforge.optim.schedule import lr_at
 from bertforge.runtime import distributed as D
 from bertforge.runtime.choices import apply_model_choices
-from bertforge.runtime.io import delete_outputs, output_dir, write_text
+from bertforge.runtime.io import atomic_dir, delete_outputs, output_dir, write_text
 from bertforge.runtime.metrics import MetricsLogger
 from bertforge.runtime.preempt import Preempted, Preemption
 from bertforge.runtime.progress import Progress
@@ -229,6 +229,8 @@ class TaskData:
     outputs: tuple[str, ...]
     main_metric: str
     label_names: tuple[str, ...] | None = None
+    files: tuple[str, ...] = ()
+    """The files in output_dir that the scorers write (SQuAD's predictions), kept in best/ beside the model."""
 
 
 def task_head(task: str) -> tuple[str, int]:
@@ -256,7 +258,7 @@ def _squad_task(
             )
         )
     evals: list[tuple[str, Encoded, Scorer]] = []
-    for i, path in enumerate(run.dev_files):
+    for i, (path, name) in enumerate(zip(run.dev_files, eval_names(run.dev_files))):
         examples, data = squad.read_squad(path, v1=not v2)
         feats = squad.make_features(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride, cfg.max_query_len)
         suffix = "" if i == 0 else f"_{i}"
@@ -281,8 +283,30 @@ def _squad_task(
                 return squad_v2_scores(data, preds, null_odds, na_prob_thresh=cfg.null_score_diff_threshold)
             return squad_v1_scores(data, preds)
 
-        evals.append((Path(path).stem, encode_squad(feats), score))
-    return TaskData(task_head(run.task)[0], train, evals, ("start_logits", "end_logits"), "f1")
+        evals.append((name, encode_squad(feats), score))
+    outputs = ("start_logits", "end_logits")
+    files = prediction_files(run.task, len(run.dev_files))
+    return TaskData(task_head(run.task)[0], train, evals, outputs, "f1", files=files)
+
+
+def prediction_files(task: str, n_dev: int) -> tuple[str, ...]:
+    """The files a SQuAD task's scorers write in output_dir for `n_dev` dev files (a GLUE task's: none)."""
+    if task not in SQUAD_TASKS:
+        return ()
+    kinds = ("predictions", "nbest_predictions") + (("null_odds",) if task == "squad_v2" else ())
+    return tuple(f"{k}{'' if i == 0 else f'_{i}'}.json" for i in range(n_dev) for k in kinds)
+
+
+def eval_names(paths: Sequence[str]) -> list[str]:
+    """The name of each evaluation file in metrics and logs: its stem, with the file's index added where an earlier
+    file has the name (dev.tsv of two directories), so that no set's metrics replace another's."""
+    names: list[str] = []
+    for i, path in enumerate(paths):
+        name = Path(path).stem
+        while name in names:
+            name = f"{name}_{i}"
+        names.append(name)
+    return names
 
 
 def glue_task_data(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
@@ -302,7 +326,7 @@ def glue_task_data(run: FinetuneRun, cfg: TaskConfig, tokenizer) -> TaskData:
                     f"--dataset glue, or --eval-only"
                 )
             train_ex = glue.read_tsv(run.train_file, spec)
-        dev_ex = [(Path(p).stem, glue.read_tsv(p, spec)) for p in run.dev_files]
+        dev_ex = [(n, glue.read_tsv(p, spec)) for p, n in zip(run.dev_files, eval_names(run.dev_files))]
     enc = lambda ex: encode_glue(tokenizer, ex, cfg.max_seq_len, spec.is_regression)  # noqa: E731
     evals: list[tuple[str, Encoded, Scorer]] = []
     for name, ex in dev_ex:
@@ -448,14 +472,27 @@ def check_seq_len(model_dir: str, max_seq_len: int, mconfig) -> None:
         )
 
 
-def save_model(model, config, src_dir: str, out: Path, head: str, label_names: Sequence[str] | None) -> None:
-    """Hugging Face format (config.json + model.safetensors) plus the source's tokenizer files."""
+def save_model(
+    model,
+    config,
+    src_dir: str,
+    out: Path,
+    head: str,
+    label_names: Sequence[str] | None,
+    beside: Callable[[Path], None] | None = None,
+) -> None:
+    """Hugging Face format (config.json + model.safetensors), the source's tokenizer files and what `beside(dir)`
+    writes, as one directory renamed into place: a kill leaves the earlier `out` or this one whole, never a model
+    without its tokenizer files or a truncated predictions file in a directory that looks complete."""
     from bertforge.model import hf_interop
 
-    hf_interop.save_pretrained(model, config, out, head, label_names)
-    for name in TOKENIZER_FILES:
-        if (Path(src_dir) / name).is_file():
-            shutil.copyfile(Path(src_dir) / name, out / name)
+    with atomic_dir(out) as tmp:
+        hf_interop.save_pretrained(model, config, tmp, head, label_names)
+        for name in TOKENIZER_FILES:
+            if (Path(src_dir) / name).is_file():
+                shutil.copyfile(Path(src_dir) / name, tmp / name)
+        if beside is not None:
+            beside(tmp)
 
 
 def check_vocab(model_dir: str, tokenizer, vocab_size: int) -> None:
@@ -523,6 +560,7 @@ def check_output_dir(run: FinetuneRun, out_dir: Path) -> None:
     --eval-only evaluation again goes ahead: it trains nothing, and writes the same records again."""
     _check_model_outside(run, out_dir)
     held = run_records(out_dir)
+    _check_output_kinds(run, out_dir, held if run.overwrite else [])
     earlier = _earlier_record(out_dir)
     again = run.eval_only or not (out_dir / "summary.json").exists()
     if not held or run.overwrite or (earlier == _record(run) and again):
@@ -542,6 +580,26 @@ def check_output_dir(run: FinetuneRun, out_dir: Path) -> None:
         f"train.output_dir {out_dir} holds an earlier run's {names} ({what}); pass --overwrite to delete it, or "
         "choose another --output-dir"
     )
+
+
+def _check_output_kinds(run: FinetuneRun, out_dir: Path, deleted: list[Path]) -> None:
+    """A directory where the run writes a file (predictions.json, metrics.png) or a file where it makes a
+    directory (tensorboard/): refused now, not as a failed write at the first evaluation or after the training.
+    What --overwrite deletes (`deleted`) is not in the way."""
+    files = (
+        "metrics.jsonl",
+        "summary.json",
+        "metrics.png",
+        ORIGIN_FILE,
+        *prediction_files(run.task, len(run.dev_files)),
+    )
+    for name, is_dir in (*((n, False) for n in files), *((n, True) for n in ("best", "interrupted", "tensorboard"))):
+        path = out_dir / name
+        if path not in deleted and path.exists() and path.is_dir() != is_dir:
+            raise UserError(
+                f"{path} is a {'file' if is_dir else 'directory'}, where the run writes its "
+                f"{'directory' if is_dir else 'file'} {name}; move it away or choose another train.output_dir"
+            )
 
 
 def _check_model_outside(run: FinetuneRun, out_dir: Path) -> None:
@@ -651,6 +709,11 @@ def _check_run(run: FinetuneRun) -> None:
         raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")
     if not run.dev_files and not run.dataset:
         raise UserError(f"--task {run.task}: give --dev-file (evaluation data) or --dataset")
+    seen: dict[Path, str] = {}
+    for path in run.dev_files:  # a typo for another file (dev_matched twice): one set scored and reported twice
+        if (where := Path(path).resolve()) in seen:
+            raise UserError(f"--dev-file {path} names the file of --dev-file {seen[where]} again: give each file once")
+        seen[where] = path
     check_model_dir(run.model)
 
 
@@ -694,20 +757,31 @@ def evaluate(s: Session, epoch: float) -> dict[str, Any]:
     return metrics
 
 
+def _improves(new: float, old: float) -> bool:
+    """Whether an evaluation's main metric beats the best one's. NaN (the Pearson correlation of a model whose
+    scores went NaN) is worse than any number: compared with `<=` it replaced a good best/."""
+    return not math.isnan(new) and (math.isnan(old) or new > old)
+
+
 def keep_best(s: Session, metrics: dict[str, Any]) -> None:
     """Record an evaluation; if it is the best so far, save the model (and SQuAD's predictions) to best/."""
     s.history.append(metrics)
-    if s.best is not None and metrics["main"] <= s.best["main"]:
+    if s.best is not None and not _improves(metrics["main"], s.best["main"]):
         return
     best_dir = s.out_dir / "best"
     if s.best is None and best_dir.exists():
         s.say(f"replacing the earlier run's {best_dir} (same task and model) with this run's best")
     s.best = metrics
-    save_model(s.model, s.mconfig, s.run.model, best_dir, s.task.head, s.task.label_names)
-    write_text(best_dir / ORIGIN_FILE, json.dumps(_origin(s.run), indent=1))
-    if s.run.task in SQUAD_TASKS:  # keep the best evaluation's predictions beside the model
-        for p in s.out_dir.glob("*predictions*.json"):
-            shutil.copyfile(p, best_dir / p.name)
+
+    def beside(tmp: Path) -> None:
+        write_text(tmp / ORIGIN_FILE, json.dumps(_origin(s.run), indent=1))
+        # this evaluation's predictions, by the names this run writes: files of an earlier run in output_dir that
+        # match a pattern (its second dev file's predictions_1.json) are not this model's
+        for name in s.task.files:
+            if (s.out_dir / name).is_file():
+                shutil.copyfile(s.out_dir / name, tmp / name)
+
+    save_model(s.model, s.mconfig, s.run.model, best_dir, s.task.head, s.task.label_names, beside)
 
 
 def evaluate_and_keep(s: Session, epoch: float, step: int) -> None:
