@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
 import transformers
 
+from bertforge.errors import UserError
 from bertforge.model import BertConfig, build_model
 from bertforge.model.hf_interop import config_from_hf, hf_state_dict, load_pretrained, save_pretrained
 
@@ -234,3 +236,20 @@ def test_init_cutoff_factor_is_read_used_and_written(tmp_path):
     assert (
         config_from_hf({"model_type": "modernbert", "initializer_cutoff_factor": None}).initializer_cutoff_factor == 3
     )
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"vocab_size": "x"}, "vocab_size must be int, not 'x'"),
+        ({"model_type": "modernbert", "num_hidden_layers": 2.5}, "num_hidden_layers must be int, not 2.5"),
+        ({"hidden_dropout_prob": "0.1"}, "hidden_dropout_prob must be a number, not '0.1'"),
+        ({"decoder_bias": 1}, "decoder_bias must be bool, not 1"),
+    ],
+)
+def test_a_config_json_field_of_the_wrong_type_is_one_line(raw, message):
+    """`"vocab_size": "x"` in a hand-edited config.json gave `TypeError: '<' not supported between instances of
+    'int' and 'str'` from BertConfig's checks, a traceback from `finetune`, `export` and `serve`."""
+    with pytest.raises(UserError, match=re.escape(f"m/config.json: {message}")):
+        config_from_hf(raw, "m/config.json")
+    assert config_from_hf({"layer_norm_eps": 1, "vocab_size": 100}).layer_norm_eps == 1  # an int for a float is fine

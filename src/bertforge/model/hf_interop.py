@@ -172,9 +172,23 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConf
     if model_type == "modernbert":  # HF ModernBertConfig's defaults where config.json leaves a field out
         kw = {**HF_MODERN_DEFAULTS, **kw}
     try:
-        return BertConfig(**kw)
+        return BertConfig(**_typed(kw, source))
     except ConfigError as e:
         raise UserError(f"{source}: {e}") from None
+
+
+def _typed(kw: dict[str, Any], source: str) -> dict[str, Any]:
+    """`kw` checked against the types of BertConfig's defaults (ints may stand for floats): a hand-edited
+    config.json's `"vocab_size": "x"` is one line naming the field, not a TypeError from a comparison."""
+    fields = BertConfig.__dataclass_fields__
+    for key, value in kw.items():
+        want = type(fields[key].default)
+        if want not in (bool, int, float, str):
+            continue  # no plain default to go by
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and (want is float or isinstance(value, int)) if want in (int, float) else type(value) is want):
+            raise UserError(f"{source}: {key} must be {'a number' if want is float else want.__name__}, not {value!r}")
+    return kw
 
 
 def _modern_from_hf(raw: dict[str, Any], source: str) -> dict[str, Any]:
