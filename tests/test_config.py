@@ -88,6 +88,18 @@ def test_invalid_yaml_is_one_line_with_where(tmp_path):
     one_line(str(e.value), path, "is not valid YAML", "at line 2, column 1")
 
 
+@pytest.mark.parametrize("text", ["", "# every setting commented out\n# train:\n#   max_steps: 5\n"])
+def test_an_empty_config_file_is_refused_not_run_as_the_defaults(tmp_path, text):
+    """`data prepare --config empty.yaml` ran the whole default chain (the built-in corpus into runs/data) and
+    exited 0: an empty file is a truncated or unsaved one far more often than a wish for the defaults."""
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    for kind in ("data", "pretrain", "finetune"):
+        with pytest.raises(ConfigError) as e:
+            C.load_config(kind, str(path), [])
+        one_line(str(e.value), path, "is empty (no settings, or only comments)", "leave --config out")
+
+
 @pytest.mark.parametrize("value", ["2024_01", "0123", "12:30", "1.10", "on", "runs/my run #2", "@x", "'a b'", "*x"])
 def test_a_text_setting_takes_the_text_as_written(value):
     """YAML turned `--set train.output_dir=0123` into '83' and cut at a #, and `@x` was a traceback."""

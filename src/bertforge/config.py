@@ -673,7 +673,12 @@ def load_config(kind: str, name_or_path: str | Path | None = None, overrides: Se
     data: dict[str, Any] = {}
     if name_or_path is not None:
         path = find_preset(kind, name_or_path)
-        data = read_yaml(path, f"config file {path}", "pass a YAML file or a preset name") or {}
+        data = read_yaml(path, f"config file {path}", "pass a YAML file or a preset name")
+        if data is None:  # a truncated or unsaved file, most likely: every default would run in its place
+            raise ConfigError(
+                f"config file {path} is empty (no settings, or only comments): give its settings, or leave --config "
+                "out to run the defaults"
+            )
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
     try:
