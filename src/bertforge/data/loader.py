@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from bertforge.data.instances import REPLACE_SPLIT, check_replace_split, mask_tokens, num_to_predict
+from bertforge.data.packing_rows import PACKED_INPUTS, pack_samples
 from bertforge.data.shardset import LOADER_MASKED, ROW_KEYS, ShardSet, check_values, reading
 from bertforge.errors import UserError
 from bertforge.runtime.signals import stop_signals_held, worker_leaves_stopping_to
@@ -288,8 +289,6 @@ def _masked_batch(spec: LoaderSpec, rows, stack) -> dict[str, np.ndarray]:
     if spec.pack_per_row:
         # packing + dynamic masking: the freshly masked window is packed like a packed shard's rows, so the
         # micro-batch keeps its sequences (an update sees exactly the global batch) in fewer rows
-        from bertforge.data.packing_rows import pack_samples
-
         e, shard, row = rows[0][2]
         packed = pack_samples(
             {
@@ -312,17 +311,9 @@ def _masked_batch(spec: LoaderSpec, rows, stack) -> dict[str, np.ndarray]:
 
 def _packed_batch(get) -> dict[str, np.ndarray]:
     """Packed-schema arrays (DESIGN §3.3) -> the model's input names; empty NSP slots get label -1."""
-    w = get("next_sentence_weights")
-    return {
-        "input_ids": get("input_ids"),
-        "attention_mask": get("input_mask"),
-        "token_type_ids": get("segment_ids"),
-        "position_ids": get("positions"),
-        "masked_positions": get("masked_lm_positions"),
-        "masked_labels": get("masked_lm_ids"),
-        "nsp_positions": get("next_sentence_positions"),
-        "nsp_labels": np.where(w > 0, get("next_sentence_labels"), -1),
-    }
+    batch = {ours: get(field) for ours, field in PACKED_INPUTS.items()}
+    batch["nsp_labels"] = np.where(get("next_sentence_weights") > 0, get("next_sentence_labels"), -1)
+    return batch
 
 
 class _RankStream(torch.utils.data.IterableDataset):

@@ -147,6 +147,19 @@ def pack_samples(
     return build_packed_rows(samples, packs, width if width is not None else need)
 
 
+PACKED_INPUTS = {
+    "input_ids": "input_ids",
+    "attention_mask": "input_mask",  # sequence index 1..k, 0 = padding: block-diagonal attention
+    "token_type_ids": "segment_ids",
+    "position_ids": "positions",
+    "masked_positions": "masked_lm_positions",
+    "masked_labels": "masked_lm_ids",
+    "nsp_positions": "next_sentence_positions",
+}
+"""The model's forward argument -> the packed schema's field (DESIGN §3.3); `nsp_labels` is made from two fields.
+The loader (numpy, in its workers) and `packed_model_inputs` (torch) both read it."""
+
+
 def packed_model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
     """A packed batch (numpy or torch arrays, packed schema names) -> the model's keyword arguments.
 
@@ -158,16 +171,9 @@ def packed_model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
         return x.long() if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x).astype(np.int64))
 
     weights = t(batch["next_sentence_weights"])
-    return {
-        "input_ids": t(batch["input_ids"]),
-        "attention_mask": t(batch["input_mask"]),  # sequence index 1..k, 0 = padding: block-diagonal attention
-        "token_type_ids": t(batch["segment_ids"]),
-        "position_ids": t(batch["positions"]),
-        "masked_positions": t(batch["masked_lm_positions"]),
-        "masked_labels": t(batch["masked_lm_ids"]),
-        "nsp_positions": t(batch["next_sentence_positions"]),
-        "nsp_labels": torch.where(weights > 0, t(batch["next_sentence_labels"]), torch.full_like(weights, -1)),
-    }
+    out = {ours: t(batch[field]) for ours, field in PACKED_INPUTS.items()}
+    out["nsp_labels"] = torch.where(weights > 0, t(batch["next_sentence_labels"]), torch.full_like(weights, -1))
+    return out
 
 
 def unpacked_model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
