@@ -245,6 +245,10 @@ def test_init_cutoff_factor_is_read_used_and_written(tmp_path):
         ({"model_type": "modernbert", "num_hidden_layers": 2.5}, "num_hidden_layers must be int, not 2.5"),
         ({"hidden_dropout_prob": "0.1"}, "hidden_dropout_prob must be a number, not '0.1'"),
         ({"decoder_bias": 1}, "decoder_bias must be bool, not 1"),
+        # sizes and rates out of range: num_attention_heads 0 was a ZeroDivisionError, hidden_size 0 torch's warning
+        ({"num_attention_heads": 0}, "num_attention_heads must be at least 1, not 0"),
+        ({"hidden_size": 0}, "hidden_size must be at least 1, not 0"),
+        ({"attention_probs_dropout_prob": 1.0}, "attention_probs_dropout_prob must be in [0, 1), not 1.0"),
     ],
 )
 def test_a_config_json_field_of_the_wrong_type_is_one_line(raw, message):

@@ -143,6 +143,13 @@ class BertConfig:
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
             raise ConfigError(f"model_type must be one of {', '.join(MODEL_TYPES)}, not {self.model_type!r}")
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+        for name in (*sizes, "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) < 1:  # before the division below, and before torch builds empty tensors
+                raise ConfigError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be in [0, 1), not {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
