@@ -257,3 +257,18 @@ def test_a_config_json_field_of_the_wrong_type_is_one_line(raw, message):
     with pytest.raises(UserError, match=re.escape(f"m/config.json: {message}")):
         config_from_hf(raw, "m/config.json")
     assert config_from_hf({"layer_norm_eps": 1, "vocab_size": 100}).layer_norm_eps == 1  # an int for a float is fine
+
+
+@pytest.mark.parametrize("cut", [2.0, 3.0, 0.5])
+def test_trunc_normal_draws_torchs_truncated_normal(cut):
+    """`bert.trunc_normal` (redraws outside the cut) against nn.init.trunc_normal_ (inverse CDF, ~13x slower on
+    CPU: 15 of ModernBERT-base's 16 s build): the same quantiles within sampling error, nothing outside the cut."""
+    from bertforge.model.bert import trunc_normal
+
+    torch.manual_seed(0)
+    ours = trunc_normal(torch.empty(400_000), 0.05, cut)
+    theirs = torch.nn.init.trunc_normal_(torch.empty(400_000), 0.0, 0.05, -cut * 0.05, cut * 0.05)
+    assert ours.abs().max() <= cut * 0.05
+    q = torch.linspace(0.01, 0.99, 21)
+    assert torch.allclose(ours.quantile(q), theirs.quantile(q), atol=0.01 * cut * 0.05)
+    assert math.isclose(ours.std(), theirs.std(), rel_tol=0.01)

@@ -353,6 +353,24 @@ def init_weights(module: nn.Module, config: BertConfig) -> None:
             nn.init.zeros_(m.bias)
 
 
+@torch.no_grad()
+def trunc_normal(w: torch.Tensor, std: float, cut: float) -> torch.Tensor:
+    """N(0, std) cut at +-cut std, in place: a normal draw, with the values outside redrawn until none is. The
+    same distribution as `nn.init.trunc_normal_`, which inverts the CDF (erfinv) and is ~13x slower on CPU: 15 s of
+    ModernBERT-base's 16 s build, paid again by every load of a checkpoint before its weights replace it. At 2 std
+    4.6% fall outside, so a few passes over ever fewer values; a narrow cut (most draws outside) inverts."""
+    if cut < 1 or w.is_meta or not w.is_contiguous():
+        return nn.init.trunc_normal_(w, 0.0, std, -cut * std, cut * std)
+    flat, bound = w.view(-1), cut * std
+    flat.normal_(0.0, std)
+    where = (flat.abs() > bound).nonzero().squeeze(1)  # (n,) the draws to redo: one pass over the tensor
+    redo = torch.empty(len(where), dtype=w.dtype, device=w.device).normal_(0.0, std)
+    while bool((bad := redo.abs() > bound).any()):  # then passes over the n alone, ever fewer of them
+        redo[bad] = torch.empty(int(bad.sum()), dtype=w.dtype, device=w.device).normal_(0.0, std)
+    flat[where] = redo
+    return w
+
+
 def init_modern_weights(module: nn.Module, config: BertConfig) -> None:
     """ModernBERT's init (HF `ModernBertPreTrainedModel._init_weights`): truncated normal at +-2 std
     (`initializer_cutoff_factor`); std 0.02 for embeddings and input projections (Wqkv, Wi), 0.02 / sqrt(2 L) for
@@ -374,7 +392,7 @@ def init_modern_weights(module: nn.Module, config: BertConfig) -> None:
             std = stds["final"]
         else:
             std = stds["in"]
-        nn.init.trunc_normal_(m.weight, 0.0, std, -cut * std, cut * std)
+        trunc_normal(m.weight, std, cut)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
