@@ -7,6 +7,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 
 VOCAB = 64  # ids 0..4: [PAD] [UNK] [CLS] [SEP] [MASK]
 
@@ -87,3 +88,27 @@ def tiny_overrides(data: Path, out: Path, **extra) -> list[str]:
 def overrides():
     """The `tiny_overrides` function (importlib mode: tests cannot import conftest by name)."""
     return tiny_overrides
+
+
+def tiny_config(data: Path, out: Path, **extra):
+    """The pretrain config of `tiny_overrides`, loaded and validated."""
+    from bertforge.config import load_config
+
+    return load_config("pretrain", None, tiny_overrides(data, out, **extra))
+
+
+def saved_weights(run: Path) -> dict[str, torch.Tensor]:
+    """The weights of a run's newest checkpoint."""
+    from safetensors.torch import load_file
+
+    from bertforge.train import checkpoint as ckpt
+
+    return load_file(str(ckpt.latest_checkpoint(run / "checkpoints").model_dir / "model.safetensors"))
+
+
+def logged_losses(run: Path) -> dict[int, float]:
+    """step -> training loss, from a run's metrics.jsonl."""
+    import json
+
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.train.conftest import saved_weights
 
 from bertforge.runtime.distributed import env_info
 from bertforge.train import checkpoint as ckpt
@@ -28,10 +29,6 @@ def _env() -> dict[str, str]:
         env.pop(k, None)
     env["OMP_NUM_THREADS"] = "1"
     return env
-
-
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(ckpt.latest_checkpoint(run / "checkpoints").model_dir / "model.safetensors"))
 
 
 def _run(args: list[str], timeout: int = 300) -> None:
@@ -134,7 +131,7 @@ def test_two_processes_equal_one(shards, tmp_path, overrides, two_extra, atol):
             *sets(two, **two_extra),
         ]
     )
-    a, b = _weights(one), _weights(two)
+    a, b = saved_weights(one), saved_weights(two)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=atol, msg=k)
     # the runs trained: step 2 -> 4 changed the weights (the last poly step has lr 0, step 3 does not)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.train.conftest import logged_losses, saved_weights
+from tests.train.conftest import tiny_config as _cfg
 
 from bertforge.cli import main
 from bertforge.config import load_config
@@ -23,19 +25,6 @@ def _ov(overrides):
     tiny_overrides = overrides
 
 
-def _cfg(data: Path, out: Path, **extra):
-    return load_config("pretrain", None, tiny_overrides(data, out, **extra))
-
-
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(ckpt.latest_checkpoint(run / "checkpoints").model_dir / "model.safetensors"))
-
-
-def _losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
-
-
 def test_exact_resume(shards, tmp_path):
     """N steps + stop + resume + N steps == 2N uninterrupted steps, bitwise (CPU, fp32), losses too."""
     full = tmp_path / "full"
@@ -45,12 +34,12 @@ def test_exact_resume(shards, tmp_path):
     assert first["step"] == 3
     second = run_pretrain(_cfg(shards, split), resume=True)
     assert second["step"] == 6
-    a, b = _weights(full), _weights(split)
+    a, b = saved_weights(full), saved_weights(split)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    assert _losses(full) == _losses(split)
-    assert sorted(_losses(full)) == [1, 2, 3, 4, 5, 6]
+    assert logged_losses(full) == logged_losses(split)
+    assert sorted(logged_losses(full)) == [1, 2, 3, 4, 5, 6]
     # the optimizer state matches too
     sa = ckpt.latest_checkpoint(full / "checkpoints").load_state()
     sb = ckpt.latest_checkpoint(split / "checkpoints").load_state()
@@ -116,7 +105,7 @@ def test_phase2_from_phase1(shards, tmp_path, capsys):
         _cfg(shards, mid, **{"train.max_steps": 4, "train.init_checkpoint": str(p1), "optim.lr": 5e-4}), resume=True
     )
     assert resumed["phase"] == 2 and resumed["global_step"] == 7
-    a, b = _weights(p2), _weights(mid)
+    a, b = saved_weights(p2), saved_weights(mid)
     for k in a:
         assert torch.equal(a[k], b[k]), k
 
@@ -431,14 +420,14 @@ def test_the_cpu_fast_paths_in_the_loop_track_eager_and_resume_exactly(shards, t
     fast = {"train.compile": True, "optim.compile": True}
     run_pretrain(_cfg(shards, tmp_path / "eager"))
     run_pretrain(_cfg(shards, tmp_path / "fast", **fast))
-    eager, compiled = _losses(tmp_path / "eager"), _losses(tmp_path / "fast")
+    eager, compiled = logged_losses(tmp_path / "eager"), logged_losses(tmp_path / "fast")
     assert sorted(compiled) == [1, 2, 3, 4, 5, 6]
     assert all(abs(compiled[s] - eager[s]) <= 1e-4 * eager[s] for s in eager), (eager, compiled)
     split = tmp_path / "split"
     run_pretrain(_cfg(shards, split, **fast, **{"train.stop_after_steps": 3}))
     run_pretrain(_cfg(shards, split, **fast), resume=True)
-    a, b = _weights(tmp_path / "fast"), _weights(split)
-    assert all(torch.equal(a[k], b[k]) for k in a) and _losses(split) == compiled
+    a, b = saved_weights(tmp_path / "fast"), saved_weights(split)
+    assert all(torch.equal(a[k], b[k]) for k in a) and logged_losses(split) == compiled
 
 
 def test_the_loop_compiles_layer_by_layer_with_eager_losses(shards, tmp_path, capsys):
@@ -449,10 +438,10 @@ def test_the_loop_compiles_layer_by_layer_with_eager_losses(shards, tmp_path, ca
     assert "compiling the step" not in capsys.readouterr().out
     run_pretrain(_cfg(shards, tmp_path / "layers", **{"train.compile": True, "train.compile_scope": "layers"}))
     assert "compiling the step (layers scope): the first step waits for it\n" in capsys.readouterr().out
-    eager, layers = _losses(tmp_path / "eager"), _losses(tmp_path / "layers")
+    eager, layers = logged_losses(tmp_path / "eager"), logged_losses(tmp_path / "layers")
     assert sorted(layers) == [1, 2, 3, 4, 5, 6]
     assert all(abs(layers[s] - eager[s]) <= 1e-4 * eager[s] for s in eager), (eager, layers)
-    assert _weights(tmp_path / "layers").keys() == _weights(tmp_path / "eager").keys()
+    assert saved_weights(tmp_path / "layers").keys() == saved_weights(tmp_path / "eager").keys()
 
 
 def test_the_loop_runs_layernorm_in_bf16_with_the_losses_of_fp32_norms(shards, tmp_path):
@@ -461,10 +450,10 @@ def test_the_loop_runs_layernorm_in_bf16_with_the_losses_of_fp32_norms(shards, t
     bf16 = {"train.precision": "bf16", "train.save_every": 6}
     run_pretrain(_cfg(shards, tmp_path / "fp32_norms", **bf16))
     run_pretrain(_cfg(shards, tmp_path / "bf16_norms", **bf16, **{"train.low_precision_layernorm": True}))
-    ref, low = _losses(tmp_path / "fp32_norms"), _losses(tmp_path / "bf16_norms")
+    ref, low = logged_losses(tmp_path / "fp32_norms"), logged_losses(tmp_path / "bf16_norms")
     assert sorted(low) == [1, 2, 3, 4, 5, 6]
     assert all(abs(low[s] - ref[s]) <= 0.02 * ref[s] for s in ref), (ref, low)
-    assert _weights(tmp_path / "bf16_norms").keys() == _weights(tmp_path / "fp32_norms").keys()
+    assert saved_weights(tmp_path / "bf16_norms").keys() == saved_weights(tmp_path / "fp32_norms").keys()
 
 
 def test_evaluation_in_the_segmented_layout_scores_as_unpadded(shards, flash_stand_in):
@@ -501,7 +490,7 @@ def test_a_run_in_the_segmented_layout_trains_as_unpadded(shards, tmp_path, flas
     monkeypatch.setattr(loop, "wants_segments", lambda *a, **k: True)  # as on CUDA with train.attention=auto
     run_pretrain(_cfg(shards, tmp_path / "segmented", **extra))
     assert flash_stand_in and all(indices is None for _, indices, _ in flash_stand_in)
-    assert _losses(tmp_path / "segmented") == pytest.approx(_losses(tmp_path / "unpadded"), abs=1e-5)
+    assert logged_losses(tmp_path / "segmented") == pytest.approx(logged_losses(tmp_path / "unpadded"), abs=1e-5)
     evals = [_evals(tmp_path / name) for name in ("unpadded", "segmented")]
     assert evals[0] and evals[1] == pytest.approx(evals[0], abs=1e-5)
 
@@ -556,10 +545,10 @@ def test_a_stop_between_log_lines_logs_its_last_steps(shards, tmp_path):
     the summary's final loss is theirs (it was the previous line's, and the stop step's loss was nowhere)."""
     out = tmp_path / "r"
     summary = run_pretrain(_cfg(shards, out, **{"train.log_every": 2, "train.stop_after_steps": 3}))
-    losses = _losses(out)
+    losses = logged_losses(out)
     assert sorted(losses) == [2, 3] and summary["step"] == 3 and summary["final_loss"] == losses[3]
     run_pretrain(_cfg(shards, out, **{"train.log_every": 2}), resume=True)
-    assert sorted(_losses(out)) == [2, 3, 4, 6]
+    assert sorted(logged_losses(out)) == [2, 3, 4, 6]
 
 
 def test_resume_drops_the_json_summarys_rows_after_the_checkpoint(shards, tmp_path):
@@ -573,5 +562,5 @@ def test_resume_drops_the_json_summarys_rows_after_the_checkpoint(shards, tmp_pa
     run_pretrain(_cfg(shards, out), resume=True, json_summary=str(dll))
     records = [json.loads(line.removeprefix("DLLL ")) for line in dll.read_text().splitlines()]
     steps = [r["step"] for r in records if r["type"] == "LOG" and "loss" in r["data"]]
-    assert steps == [1, 2, 3, 4, 5, 6] and sorted(_losses(out)) == steps
+    assert steps == [1, 2, 3, 4, 5, 6] and sorted(logged_losses(out)) == steps
     assert [r["type"] for r in records].count("PARAMETER") == 2  # each start's configuration stays

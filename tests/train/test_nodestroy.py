@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from tests.train.conftest import saved_weights
 
 import bertforge
 from bertforge.cli import main
@@ -29,12 +29,8 @@ def _steps(run: Path) -> list[int]:
     return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
 
 
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(ckpt.latest_checkpoint(run / "checkpoints").model_dir / "model.safetensors"))
-
-
 def _assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = _weights(a), _weights(b)
+    wa, wb = saved_weights(a), saved_weights(b)
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k

@@ -17,14 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from tests.helpers import one_line
-from tests.train.conftest import VOCAB, make_shards, tiny_overrides
+from tests.train.conftest import VOCAB, logged_losses, make_shards, saved_weights, tiny_config, tiny_overrides
 
 import bertforge
 from bertforge import device as dev
 from bertforge.cli import main
-from bertforge.config import load_config
 from bertforge.errors import UserError
 from bertforge.runtime.distributed import DistInfo
 from bertforge.train import checkpoint as ckpt
@@ -37,21 +35,8 @@ def shards(tmp_path) -> Path:
     return make_shards(tmp_path / "shards", n_shards=2, rows=16)
 
 
-def _cfg(data: Path, out: Path, **extra):
-    return load_config("pretrain", None, tiny_overrides(data, out, **extra))
-
-
 def _argv(data: Path, out: Path, *flags: str, **extra) -> list[str]:
     return ["pretrain", *[f"--set={s}" for s in tiny_overrides(data, out, **extra)], *flags]
-
-
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(ckpt.latest_checkpoint(run / "checkpoints").model_dir / "model.safetensors"))
-
-
-def _losses(run: Path) -> dict[int, float]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
 def test_a_resubmitted_job_with_the_same_stop_after_steps_goes_on(shards, tmp_path):
@@ -60,13 +45,13 @@ def test_a_resubmitted_job_with_the_same_stop_after_steps_goes_on(shards, tmp_pa
     ever; it is N more updates of this process."""
     few = {"train.max_steps": 2, "train.save_every": 1, "train.global_batch_size": 4}
     full, chained = tmp_path / "full", tmp_path / "chained"
-    run_pretrain(_cfg(shards, full, **few))
-    assert run_pretrain(_cfg(shards, chained, **few, **{"train.stop_after_steps": 1}))["step"] == 1
-    again = run_pretrain(_cfg(shards, chained, **few, **{"train.stop_after_steps": 1}), resume=True)
+    run_pretrain(tiny_config(shards, full, **few))
+    assert run_pretrain(tiny_config(shards, chained, **few, **{"train.stop_after_steps": 1}))["step"] == 1
+    again = run_pretrain(tiny_config(shards, chained, **few, **{"train.stop_after_steps": 1}), resume=True)
     assert again["step"] == 2
-    a, b = _weights(full), _weights(chained)
+    a, b = saved_weights(full), saved_weights(chained)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert _losses(full) == _losses(chained)
+    assert logged_losses(full) == logged_losses(chained)
 
 
 def test_sigterm_to_the_process_group_with_loader_workers_saves(shards, tmp_path):
@@ -146,18 +131,18 @@ def test_resume_refuses_settings_that_change_the_data_or_the_update(tmp_path, ke
     part of every update. They were not compared with the checkpoint's config."""
     synthetic = key.startswith("data.synthetic")
     data = "synthetic" if synthetic else tmp_path / "dyn"
-    saved = _cfg(data, tmp_path / "run")  # checked against the config alone: no shard is read
+    saved = tiny_config(data, tmp_path / "run")  # checked against the config alone: no shard is read
     found = ckpt.save_checkpoint(tmp_path / "ckpts", 2, lambda p: p.mkdir(), {}, {"config": asdict(saved)})
     loop.check_resume(saved, found, False, DistInfo())  # unchanged: resumes
     with pytest.raises(UserError, match=f"{key} .* -> {value}"):
-        loop.check_resume(_cfg(data, tmp_path / "run", **{key: value}), found, False, DistInfo())
+        loop.check_resume(tiny_config(data, tmp_path / "run", **{key: value}), found, False, DistInfo())
 
 
 def test_a_rank_the_checkpoint_has_no_rng_for_does_not_repeat_rank_0s(shards, tmp_path, capsys):
     """Resumed on more processes than wrote the checkpoint (the lanes, so the data, stay the same), rank 2 took
     rank 0's RNG state: both drew the same dropout masks for the rest of the run, and nothing was said."""
     out = tmp_path / "run"
-    cfg = _cfg(shards, out, **{"train.max_steps": 2, "train.save_every": 2, "model.hidden_dropout": 0.1})
+    cfg = tiny_config(shards, out, **{"train.max_steps": 2, "train.save_every": 2, "model.hidden_dropout": 0.1})
     run_pretrain(cfg)
     saved = ckpt.latest_checkpoint(out / "checkpoints").load_state()["rng"]
     assert len(saved) == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import write_text
+from bertforge.runtime.io import refuse_empty_paths, write_text
 from bertforge.runtime.signals import sigterm_interrupts
 
 
@@ -131,9 +131,7 @@ def _check_flags(args: argparse.Namespace) -> None:
 
     # `--out "$OUT"` with OUT unset: Path("") is the working directory, so the step would write its files there,
     # or read a vocab or documents from there (--vocab, --docs), or draw no plot (--plot)
-    given = [(flag, getattr(args, key)) for key, flag in PATH_FLAGS if getattr(args, key, None) is not None]
-    if empty := next((flag for flag, value in given if not value.strip()), None):
-        raise UserError(f"{empty} is empty: give it a value, or leave the flag out")
+    refuse_empty_paths((flag, getattr(args, key, None)) for key, flag in PATH_FLAGS)
     if any(not p.strip() for p in getattr(args, "paths", None) or []):
         raise UserError("a shard path is empty (the working directory): give shard files or directories")
     if args.data_command in ("wiki", "docs"):

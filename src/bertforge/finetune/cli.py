@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from bertforge.errors import UserError
+from bertforge.runtime.io import refuse_empty_paths
 
 
 def finetune_add(p: argparse.ArgumentParser) -> None:
@@ -123,20 +124,19 @@ def _split(text: str | None, cast, flag: str) -> list:
 
 
 def _refuse_empty_values(args: argparse.Namespace) -> None:
-    """A path flag given an empty value (`--output-dir "$OUT"` with OUT unset) is refused: read as not given,
-    --output-dir and --config would fall back to their defaults (another run's directory, another recipe) and
-    --glue-dir would be dropped, where `--set train.output_dir=` is an error."""
-    for flag, value in (
-        ("--model", args.model),
-        ("--output-dir", args.output_dir),
-        ("--config", args.config),
-        ("--train-file", args.train_file),
-        ("--glue-dir", args.glue_dir),
-        ("--dataset", args.dataset),
-        *(("--dev-file", d) for d in args.dev_file),
-    ):
-        if value is not None and not value.strip():
-            raise UserError(f"{flag} is empty: give it a value, or leave the flag out")
+    """An empty path flag is refused: read as not given, --output-dir and --config would fall back to their
+    defaults (another run's directory, another recipe) and --glue-dir would be dropped."""
+    refuse_empty_paths(
+        (
+            ("--model", args.model),
+            ("--output-dir", args.output_dir),
+            ("--config", args.config),
+            ("--train-file", args.train_file),
+            ("--glue-dir", args.glue_dir),
+            ("--dataset", args.dataset),
+            *(("--dev-file", d) for d in args.dev_file),
+        )
+    )
 
 
 def _refuse_suite_flags(args: argparse.Namespace) -> None:

@@ -185,8 +185,11 @@ def _typed(kw: dict[str, Any], source: str) -> dict[str, Any]:
         want = type(fields[key].default)
         if want not in (bool, int, float, str):
             continue  # no plain default to go by
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not (number and (want is float or isinstance(value, int)) if want in (int, float) else type(value) is want):
+        if want in (int, float):  # bool is an int to Python, never a size or a rate here
+            ok = isinstance(value, int if want is int else (int, float)) and not isinstance(value, bool)
+        else:
+            ok = type(value) is want
+        if not ok:
             raise UserError(f"{source}: {key} must be {'a number' if want is float else want.__name__}, not {value!r}")
     return kw
 

@@ -1,4 +1,4 @@
-"""`bertforge data` from a preflight review: `data vocab --from` a tokenizer.json that is neither WordPiece nor BPE
+"""`bertforge data` checked before any work: `data vocab --from` a tokenizer.json that is neither WordPiece nor BPE
 leaves no earlier vocab.txt beside it (and says which files it wrote), and refuses the training flags it would
 ignore; `data prepare` reads vocab.vocab_file and checks its vocab directory before the documents step (hours on a
 Wikipedia dump), not after it; an empty path flag is refused, not taken for the working directory."""

@@ -1,4 +1,4 @@
-"""Single-task fine-tuning (SQuAD, one GLUE task) from a preflight review: settings and paths refused at start-up
+"""Single-task fine-tuning (SQuAD, one GLUE task) checked before any work: settings and paths refused at start-up
 in one line (a non-finite SQuAD v2.0 threshold, an empty --output-dir/--config/--glue-dir, one dev file given
 twice, an output path of the wrong kind), dev files of the same name keep their own metrics, best/ is one
 directory renamed into place (a kill while it is written leaves no model without its tokenizer nor a truncated
