@@ -61,6 +61,12 @@ class ModelConfig:
     """Dropout on embeddings and sub-layer outputs (None: the checkpoint's own rate, when loading one)."""
     attention_dropout: float | None = 0.1
     """Dropout on attention probabilities (None: the checkpoint's own rate, when loading one)."""
+    pad_vocab_multiple: int = 8
+    """Round the model's vocab rows up to a multiple of this (30522 -> 30528), as NVIDIA's and MLPerf's BERT
+    pre-training does: the vocab projection and the embedding gradient run on tensor-core-aligned shapes. The
+    extra rows are no token: the data never holds their ids and `bertforge serve` never predicts them. 1: the
+    vocab's own size. A run that starts from a checkpoint (--resume, train.init_checkpoint, model.init_from)
+    keeps the checkpoint's rows."""
     global_rope_theta: float | None = None
     """ModernBERT presets: rotary base of the global layers (None: the preset's 160,000; ModernBERT trained its
     1,024-token phase with 10,000 and raised it to 160,000 for the 8,192-token phase)."""
@@ -84,6 +90,8 @@ class ModelConfig:
             raise ConfigError(
                 f"model.global_rope_theta is a rotary base: a finite number > 0, got {self.global_rope_theta}"
             )
+        if self.pad_vocab_multiple < 1:
+            raise ConfigError(f"model.pad_vocab_multiple must be >= 1 (1: no padding), got {self.pad_vocab_multiple}")
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"model.vocab_size must be at least 8, got {self.vocab_size}")
 

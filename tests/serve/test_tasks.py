@@ -301,3 +301,9 @@ def test_byte_level_fill_mask_text_is_tokenized_as_training_masked_it(tmp_path):
     assert [tok.id_to_token(i) for i in p._mask_text_ids("[MASK] cat [MASK] on")] == ["[MASK]", "Ġcat", "[MASK]", "Ġon"]
     rows = p._encode_fill_mask({"text": ["The cat [MASK]."]})
     assert rows[0][1] == [3]  # [CLS] ĠThe Ġcat [MASK] . [SEP]: the mask's position
+    # the returned tokens are text, as the tokenizer's decoder reads them (HF's pipeline shows `sat`, not `Ġsat`)
+    out = p({"text": ["The cat [MASK]."]})
+    words = [t.decode() for t in out["tokens"][0, 0]]
+    assert words == [tok.decode([int(i)]).strip() or tok.id_to_token(int(i)) for i in out["token_ids"][0, 0]]
+    assert not any(w.startswith("Ġ") for w in words)
+    assert p._token_text(tok.token_to_id("Ġsat")) == b"sat"

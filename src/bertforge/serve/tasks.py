@@ -532,16 +532,23 @@ class Predictor:
         for i, (_, pos) in enumerate(rows):
             mp[i, : len(pos)] = torch.as_tensor(pos)
         out = self._forward([r[0] for r in rows], [[0] * len(r[0]) for r in rows], masked_positions=mp)
-        probs = torch.softmax(out.mlm_logits.float(), dim=-1).view(len(rows), P, -1)  # (B*P, V) -> (B, P, V)
+        # a vocab padded to a multiple of 8 (model.pad_vocab_multiple, NVIDIA's 30528) has rows that are no token
+        logits = out.mlm_logits.float()[:, : self.tok.get_vocab_size()]  # (B*P, V) -> (B*P, tokens)
+        probs = torch.softmax(logits, dim=-1).view(len(rows), P, -1)  # (B, P, tokens)
         k = min(self.limits.top_k, probs.shape[-1])
         top_p, top_i = (t.cpu() for t in probs.topk(k, dim=-1))  # (B, P, k), on the device, then to the host
         res = []
         for i, (_, pos) in enumerate(rows):
             n = len(pos)
             ids = top_i[i, :n].numpy().astype(np.int64)  # (n_masks, k)
-            toks = np.array([[(self.tok.id_to_token(int(t)) or "").encode() for t in r] for r in ids], dtype=object)
+            toks = np.array([[self._token_text(int(t)) for t in r] for r in ids], dtype=object)
             res.append({"tokens": toks, "token_ids": ids, "scores": top_p[i, :n].numpy().astype(np.float32)})
         return res
+
+    def _token_text(self, i: int) -> bytes:
+        """A predicted token as its tokenizer's decoder reads it: byte-level BPE's `Ġsat` is `sat` (and `Ã©` is
+        `é`), as Hugging Face's fill-mask pipeline shows it; a WordPiece entry stays as it is (`##ing`)."""
+        return (self.tok.decode([i], skip_special_tokens=False).strip() or self.tok.id_to_token(i) or "").encode()
 
     # ---------------------------------------------------------------- qa
     def _encode_qa(self, inputs: dict[str, list[str]]) -> list[Any]:

@@ -198,6 +198,19 @@ def check_fits(
         ShardSet.open(eval_dir).check_rows(bert_cfg.vocab_size)
 
 
+def model_rows(cfg: PretrainConfig, vocab_size: int, resumed: ckpt.Checkpoint | None) -> int:
+    """The model's vocab rows: the data's `vocab_size` rounded up to model.pad_vocab_multiple (NVIDIA's
+    run_pretraining pads 30522 to 30528), or the rows of the checkpoint the run starts from (--resume's, else
+    train.init_checkpoint's), so that a run written with other padding, or none, goes on as it was."""
+    t = cfg.train
+    start = resumed or (ckpt.find_checkpoint(t.init_checkpoint) if t.init_checkpoint else None)
+    saved = _saved_config(start.model_dir) if start is not None else None
+    if saved is not None and saved.vocab_size >= vocab_size:
+        return saved.vocab_size
+    m = cfg.model.pad_vocab_multiple
+    return -(-vocab_size // m) * m
+
+
 def build_bert_config(cfg: PretrainConfig, vocab_size: int):
     from bertforge.model.config import BertConfig
 
@@ -739,10 +752,10 @@ def setup(
     t, o = cfg.train, cfg.optim
     dev.check_compile_toolchain(device, compile_keys(t, o))
     ckpt_root = Path(t.output_dir) / "checkpoints"
-    if resume and (found := ckpt.latest_checkpoint(ckpt_root)) is not None:
+    if (found := ckpt.latest_checkpoint(ckpt_root) if resume else None) is not None:
         check_resume(cfg, found, allow_changed, info, loader.accum * info.world_size, data_signature(loader))
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
-    model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, vocab_size), info)
+    model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, model_rows(cfg, vocab_size, found)), info)
     model.to(device)
     guard = _enter_fp8(cfg, model, device, precision, info)
     optimizer = optimizer_for(model, o, device.type)
@@ -1273,18 +1286,26 @@ def _load_weights(model: BertForTask, model_dir: Path, fix: str) -> None:
 def _check_shape(ours, model_dir: Path) -> None:
     """A checkpoint (--resume, train.init_checkpoint) of another model than this run builds: one line naming
     the settings, not a weight's shape with advice about heads."""
-    from bertforge.model.hf_interop import config_from_hf, read_config
-
-    try:
-        raw, cfile = read_config(model_dir)
-        theirs = config_from_hf(raw, str(cfile))
-    except UserError:
+    theirs = _saved_config(model_dir)
+    if theirs is None:
         return  # the weights' loader names what is wrong with the directory
     if differ := [f"{k} {getattr(theirs, k)} (this run: {getattr(ours, k)})" for k in _shape_diff(theirs, ours)]:
         raise UserError(
             f"{model_dir} holds another model: {', '.join(differ)}; set model.preset and "
             "model.max_position_embeddings as the run that wrote it had them"
         )
+
+
+def _saved_config(model_dir: Path):
+    """A checkpoint's model config (its config.json), or None where it cannot be read: the weights' loader then
+    names what is wrong with the directory."""
+    from bertforge.model.hf_interop import config_from_hf, read_config
+
+    try:
+        raw, cfile = read_config(model_dir)
+        return config_from_hf(raw, str(cfile))
+    except UserError:
+        return None
 
 
 def _recorded(saved: Any, key: str) -> str | None:
