@@ -18,6 +18,8 @@ plain, frozen data: cheap to pickle into DataLoader workers.
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import os
 import re
 import sys
@@ -109,15 +111,25 @@ def list_shards(path: str | os.PathLike, option: str = "the path") -> list[Path]
     d = Path(path)
     if d.is_file():
         return [d]
+    _check_link(d)
     if not d.is_dir():
         raise UserError(
             f"shard directory {d} does not exist; run `bertforge data shards` or `bertforge data "
             f"prepare` first, or fix {option}"
         )
-    return sorted(
-        (p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and not p.name.startswith(".") and p.is_file()),
-        key=natural_key,
-    )
+    names = [p for p in d.iterdir() if p.suffix in SHARD_SUFFIXES and not p.name.startswith(".")]
+    for p in names:  # a shard whose link lost its target would otherwise drop out of the data unnoticed
+        _check_link(p)
+    return sorted((p for p in names if p.is_file()), key=natural_key)
+
+
+def _check_link(p: Path) -> None:
+    """A UserError when `p` is a symlink whose target does not exist (a moved or unmounted data set)."""
+    if p.is_symlink() and not p.exists():
+        raise UserError(
+            f"{p} is a symlink to {os.readlink(p)}, which does not exist; restore the target (is its file "
+            "system mounted?) or remove the link"
+        )
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -166,8 +178,24 @@ def open_shard(path: Path):
         return h5py.File(path, "r")
     except OSError as e:
         raise UserError(
-            f"shard {path} is not a readable HDF5 file ({e}); re-create it with `bertforge data shards` or delete it"
+            _not_the_file(path, e)
+            or f"shard {path} is not a readable HDF5 file ({first_line(e)}); if another program is still writing "
+            "it, wait for it to finish; else re-create it with the command that wrote it or delete it"
         ) from None
+
+
+def _not_the_file(path: str | os.PathLike, e: BaseException) -> str | None:
+    """The message for an error that is not the shard's fault (permissions, the process's open-file limit):
+    told that the file is corrupt, a user would delete a good shard."""
+    code = getattr(e, "errno", None)
+    if code in (errno.EMFILE, errno.ENFILE):
+        return (
+            f"cannot open shard {path}: too many open files ({first_line(e)}); raise the limit (`ulimit -n`) "
+            "or use fewer data loader workers"
+        )
+    if code in (errno.EACCES, errno.EPERM):
+        return f"cannot read shard {path}: permission denied; give this user read access to it"
+    return None
 
 
 @contextlib.contextmanager
@@ -177,7 +205,9 @@ def reading(path: str | os.PathLike) -> Iterator[None]:
     try:
         yield
     except (OSError, KeyError, RuntimeError) as e:
-        raise UserError(f"shard {path} is corrupt or truncated ({first_line(e)}); {REMAKE}") from None
+        raise UserError(
+            _not_the_file(path, e) or f"shard {path} is corrupt or truncated ({first_line(e)}); {REMAKE}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -201,6 +231,15 @@ class ShardInfo:
         with open_shard(path) as h, reading(path):
             attrs = {k: _plain(v) for k, v in h.attrs.items()}
             shapes = {k: h[k].shape for k in h if isinstance(h[k], h5py.Dataset)}
+            ragged = [k for k in shapes if h5py.check_vlen_dtype(h[k].dtype) is not None]
+        if ragged:
+            # MLPerf's convert_fixed2variable.py stores each row at its own length (hdf5_*_shards_varlength,
+            # eval_varlength): no fixed width, no input_mask
+            raise UserError(
+                f"shard {path} holds variable-length rows ({ragged[0]}: MLPerf's *_varlength format), which "
+                "bertforge does not read; use the fixed-length shards MLPerf's preparation writes before that "
+                "conversion (hdf5_*_shards_uncompressed, eval/part_eval_10k.hdf5)"
+            )
         kind = kind_of(set(shapes), attrs)
         check_widths(path, shapes)
         rows, seq_len = shapes["input_ids"]
@@ -280,6 +319,7 @@ class ShardSet:
     def open(cls, path: str | os.PathLike, option: str = "the path") -> ShardSet:
         """The ShardSet of a directory (or of a single shard file), read once per process and directory;
         `option` names the setting that gave the path, for the error when it does not exist."""
+        _check_link(Path(path))  # before resolving it: a broken link would read as a missing directory
         p = Path(path).resolve()
         files = list_shards(p, option)
         directory = p.parent if p.is_file() else p
@@ -301,11 +341,13 @@ class ShardSet:
                 f"shards in {directory} mix kinds ({', '.join(f'{n}: {k}' for k, n in first.items())}); "
                 "keep one kind per directory"
             )
-        widths = {(i.seq_len, i.max_pred) for i in infos}
+        widths = sorted({(i.seq_len, i.max_pred) for i in infos})
         if len(widths) > 1:
+            named = {w: next(i.path.name for i in infos if (i.seq_len, i.max_pred) == w) for w in widths}
             raise UserError(
-                f"shards in {directory} differ in seq_len/max_pred {sorted(widths)}; keep shards of one "
-                "`bertforge data shards` run per directory"
+                f"shards in {directory} differ in seq_len/max_pred "
+                f"({', '.join(f'{n}: {s}/{m}' for (s, m), n in named.items())}); keep the shards of one "
+                "`bertforge data shards` run (one phase) per directory"
             )
         manifest = read_manifest(directory)
         if p.is_dir():
@@ -373,10 +415,22 @@ class ShardSet:
         v = self.manifest.get("vocab_sha256")
         return str(v) if v else None
 
-    @property
+    @functools.cached_property
     def avg_seq_per_sample(self) -> float:
-        """Sequences per row: packed shards' packing.json figure, 1.0 for the other kinds."""
-        return float(self.manifest.get("avg_seq_per_sample", 1.0)) if self.kind == "packed" else 1.0
+        """Sequences per row: packed shards' packing.json figure, 1.0 for the other kinds. Packed shards without
+        it (Habana's packer writes none) count their filled NSP slots once: taken as 1.0, an update would see
+        avg_seq_per_sample times the sequences train.global_batch_size asks for."""
+        if self.kind != "packed":
+            return 1.0
+        if "avg_seq_per_sample" in self.manifest:
+            return float(self.manifest["avg_seq_per_sample"])
+        if not self.rows or any("next_sentence_weights" not in i.datasets for i in self.infos):
+            return 1.0
+        sequences = 0
+        for i in self.infos:
+            with open_shard(i.path) as h, reading(i.path):
+                sequences += int((h["next_sentence_weights"][()] > 0).sum())
+        return max(1.0, sequences / self.rows)
 
     @property
     def objective(self) -> str:
