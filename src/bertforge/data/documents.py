@@ -53,15 +53,20 @@ if TYPE_CHECKING:
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200f\u2028\u2029\ufeff\ufffd]")
 _WIDE_SPACE_CHARS = "\t\u00a0\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
 _WIDE_SPACES = re.compile(f"[{_WIDE_SPACE_CHARS}]+")
+# line breaks other than "\n" (what str.splitlines() also breaks at): a lone "\r" (old Mac text, a Hugging Face
+# row) kept inside a sentence is a line break to every reader of the documents (universal newlines), and "\r\r" a
+# blank line, i.e. a document boundary; dropping "\x0c", "\u2028", ... instead would glue the words around them
+_LINE_BREAKS = re.compile("\r\n?|[\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
 BATCH = 256
 """Documents cleaned per task batch (bounds the memory of the parallel stage)."""
 CHUNK_BYTES = 4 << 20
 """Uncompressed dump XML per wiki chunk (one part file, one task)."""
 CLEANER = "wikiclean-1"
 """Recorded in a wiki manifest's settings: a new cleaner rebuilds documents made by an old one."""
-MARKUP_READERS = {"wikitext": CLEANER, "wikiextractor": "wikiextractor-unescape-1"}
+MARKUP_READERS = {"wikitext": CLEANER, "wikiextractor": "wikiextractor-2"}
 """Recorded in a docs manifest's settings for a directory or glob read out of markup (`sources.markup`): the
-documents of a reader before these (raw wikitext of dumps found there, WikiExtractor's `&amp;`) are rebuilt."""
+documents of a reader before these (raw wikitext of dumps found there, WikiExtractor's `&amp;`, its articles
+with a `revid`) are rebuilt."""
 
 
 class _Sentences:
@@ -110,6 +115,8 @@ def _splitter() -> _Sentences:
 def clean_document(text: str) -> list[str]:
     """One raw document -> its sentences (already stripped, no empty ones)."""
     split = _splitter()
+    if any(c in text for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"):
+        text = _LINE_BREAKS.sub("\n", text)
     text = _CONTROL.sub("", unicodedata.normalize("NFC", text))
     # runs of spaces -> one space: wide spaces (rare) by a regex, then plain ones by C string passes (a regex
     # visiting every space costs 5x more)

@@ -7,8 +7,8 @@ Sources (`SOURCE` of `bertforge data docs --source`, or `--dump` of `data wiki`)
   memory stays flat). Article namespace (0) only; redirects skipped; wikitext -> prose by `wikitext_to_text`
   (`wikiclean`, as `data wiki`), in a directory or glob too. One dump given alone is read by `bertforge data
   wiki`'s parallel chunks instead (`wikidump`, `documents.run_wiki`); a multistream dump's index is no text.
-- a WikiExtractor output directory (files of `<doc id=... title=...>` ... `</doc>` blocks; the first line of
-  a block is the title and is dropped).
+- WikiExtractor output (files of `<doc id=... title=...>` ... `</doc>` blocks, or of its `--json` lines; `-c`'s
+  `.bz2` files too), as a directory, a glob or a file: one document per block, the repeated title line dropped.
 - text files and globs: a blank line ends a document (or `one_doc_per_file`); `.xz`, `.gz` and `.bz2` text
   files (not dumps) are decompressed as they are read, never whole in memory. A file in WikiText's raw
   format (first non-blank line ` = Title = `) is read as WikiText: a top-level ` = Title = ` heading starts
@@ -27,6 +27,7 @@ import glob
 import gzip
 import html
 import io
+import json
 import lzma
 import os
 import re
@@ -54,8 +55,6 @@ def iter_source(source: str, one_doc_per_file: bool = False) -> Iterator[Doc]:
     if source.startswith("hf:"):
         return iter_hf(source[3:])
     path = Path(source)
-    if path.is_dir() and _is_wikiextractor_dir(path):
-        return iter_wikiextractor(path)
     if path.is_file():
         return _iter_files([path], one_doc_per_file)
     if not path.is_dir() and not glob.glob(source, recursive=True):
@@ -80,26 +79,48 @@ def _corpus_files(source: str) -> list[Path]:
     (offset:id:title lines) is left out: it is no text."""
     path = Path(source)
     if path.is_dir():
-        found = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        # nothing under a hidden folder either: `.ipynb_checkpoints/` holds a second copy of each notebook's text
+        # files, `.git/` binary objects
+        found = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
     else:
         found = [Path(h) for h in sorted(glob.glob(source, recursive=True)) if Path(h).is_file()]
-    return [p for p in found if not _DUMP_INDEX.search(p.name)]
+    return [p for p in found if not _DUMP_INDEX.search(p.name) and not _is_docs_manifest(p)]
+
+
+def _is_docs_manifest(path: Path) -> bool:
+    """The manifest.json of `data docs`/`data wiki`: no text. Documents read back as a corpus (to re-deal them into
+    other --shards, or filter them with another --min-doc-chars) took it for one more document."""
+    from bertforge.data.documents import listed_files
+
+    return path.name == "manifest.json" and listed_files(path.parent) is not None
 
 
 def markup(source: str) -> str | None:
-    """The markup `iter_source` reads a local directory or glob's documents out of: "wikiextractor" (its
-    HTML-escaped output), "wikitext" (dumps among the files; one dump file goes to `data wiki`'s path), or None."""
-    if source.startswith(("hf:", "builtin:")) or Path(source).is_file():
+    """The markup `iter_source` reads a local file, directory or glob's documents out of: "wikiextractor" (its
+    HTML-escaped output, told by the first file), "wikitext" (dumps among the files; one dump file goes to
+    `data wiki`'s path), or None."""
+    if source.startswith(("hf:", "builtin:")):
         return None
-    if Path(source).is_dir() and _is_wikiextractor_dir(Path(source)):
+    files = [Path(source)] if Path(source).is_file() else _corpus_files(source)
+    if files and _wikiextractor_format(files[0]):
         return "wikiextractor"
-    return "wikitext" if any(is_wiki_dump(p.name) for p in _corpus_files(source)) else None
+    if Path(source).is_file():
+        return None
+    return "wikitext" if any(is_wiki_dump(p.name) for p in files) else None
 
 
 def local_files(source: str) -> list[Path]:
-    """The local paths a source names, unread: a directory, a file, or a glob's hits (none for hf:/builtin:)."""
-    if source.startswith(("hf:", "builtin:")):
+    """The local paths a source names, unread: a directory, a file, or a glob's hits; for hf: the local file or
+    `save_to_disk` directory it names (none for a hub name or builtin:)."""
+    if source.startswith("builtin:"):
         return []
+    if source.startswith("hf:"):  # an edited local file must rebuild the documents made from it
+        local = Path(source[3:].partition(":")[0])
+        return [local] if source[3:] and local.exists() else []
     path = Path(source)
     if path.is_dir() or path.is_file():
         return [path]
@@ -107,7 +128,7 @@ def local_files(source: str) -> list[Path]:
 
 
 def signature(source: str) -> str:
-    """The local files a source reads, as `runtime.io.files_signature` ("" hashed for hf:/builtin:)."""
+    """The local files a source reads, as `runtime.io.files_signature` ("" hashed for a hub name and builtin:)."""
     return files_signature(local_files(source))
 
 
@@ -119,11 +140,36 @@ _DECOMPRESS_ERRORS = (lzma.LZMAError, gzip.BadGzipFile, EOFError, OSError)
 
 
 def open_text(path: Path, errors: str = "strict") -> io.TextIOBase:
-    """A text file for reading as UTF-8, decompressed on the fly when it ends in .xz, .gz or .bz2."""
+    """A text file for reading as UTF-8, decompressed on the fly when it ends in .xz, .gz or .bz2. A leading
+    byte-order mark (Windows editors write one) is dropped: it would hide a WikiText heading or a WikiExtractor
+    `<doc>` line that the file's first line is checked for."""
     opener = _COMPRESSED.get(path.suffix.lower())
     if opener is None:
-        return open(path, encoding="utf-8", errors=errors)
-    return opener(path, "rt", encoding="utf-8", errors=errors)  # type: ignore[operator]
+        return open(path, encoding="utf-8-sig", errors=errors)
+    return opener(path, "rt", encoding="utf-8-sig", errors=errors)  # type: ignore[operator]
+
+
+def _utf8_error_offset(path: Path) -> int | None:
+    """The file offset (decompressed) of its first byte that is not UTF-8: the UnicodeDecodeError of a text file
+    counts from the start of the block being decoded, not of the file."""
+    import codecs
+
+    opener = _COMPRESSED.get(path.suffix.lower(), open)
+    decoder, done = codecs.getincrementaldecoder("utf-8")(), 0
+    try:
+        with opener(path, "rb") as f:  # type: ignore[operator]
+            for block in iter(lambda: f.read(1 << 20), b""):
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as e:  # e.start counts from the bytes the decoder kept back, then block
+                    return done - len(decoder.getstate()[0]) + e.start
+                done += len(block)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:  # cut off inside a character at the end
+        return done - len(e.object) + e.start
+    except (OSError, EOFError, lzma.LZMAError):
+        return None
+    return None
 
 
 def _read_text(path: Path) -> Iterator[str]:
@@ -135,8 +181,10 @@ def _read_text(path: Path) -> Iterator[str]:
             raise
         raise UserError(f"{path} is not a complete {path.suffix} file ({type(e).__name__}: {e})") from None
     except UnicodeDecodeError as e:
+        at = _utf8_error_offset(path)
+        where = f"byte {at}: " if at is not None else ""
         raise UserError(
-            f"{path} is not valid UTF-8 (byte {e.start}: {e.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
+            f"{path} is not valid UTF-8 ({where}{e.reason}); convert it, e.g. `iconv -f latin1 -t utf-8`"
         ) from e
 
 
@@ -155,6 +203,8 @@ def _iter_files(files: list[Path], one_doc_per_file: bool) -> Iterator[Doc]:
     for path in files:
         if is_wiki_dump(path.name):
             yield from iter_wiki_articles(path)
+        elif wikiextractor := _wikiextractor_format(path):  # one document per article, whatever one_doc_per_file
+            yield from _iter_wikiextractor_file(path, wikiextractor)
         elif _is_wikitext(path):
             yield from iter_wikitext(path)
         elif one_doc_per_file:
@@ -197,42 +247,79 @@ def iter_wikitext(path: Path) -> Iterator[Doc]:
 
 
 # ------------------------------------------------------------------------------------------- WikiExtractor
-_DOC_OPEN = re.compile(r'^<doc id="[^"]*"(?: url="[^"]*")? title="([^"]*)"[^>]*>\s*$')
+# `<doc id=".." url=".." title="..">`, with `revid=".."` before url under WikiExtractor's --revision; the title is
+# last and written unescaped by some versions (a `"` in it), so it runs to the closing `">`
+_DOC_OPEN = re.compile(r'^<doc id="[^"]*"(?: [a-z]+="[^"]*")*? title="(.*)">\s*$')
 
 
-def _is_wikiextractor_dir(path: Path) -> bool:
-    for p in sorted(path.rglob("*"))[:50]:
-        if p.is_file():
-            try:
-                with open(p, encoding="utf-8", errors="replace") as f:
-                    return bool(_DOC_OPEN.match(f.readline()))
-            except OSError:
-                return False
-    return False
+def _wikiextractor_format(path: Path) -> str | None:
+    """ "doc" for WikiExtractor's `<doc ...>` blocks, "json" for its `--json` lines ({"id", "title", "text", ...}),
+    told by the file's first non-blank line; None for anything else (or an unreadable file: reading says why)."""
+    try:
+        with open_text(path, errors="replace") as f:
+            line = next((ln for ln in f if ln.strip()), "")
+    except _DECOMPRESS_ERRORS:
+        return None
+    if _DOC_OPEN.match(line):
+        return "doc"
+    if line.startswith("{") and '"text"' in line:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        if isinstance(obj, dict) and isinstance(obj.get("text"), str) and "title" in obj:
+            return "json"
+    return None
+
+
+def _unescape(text: str) -> str:
+    return html.unescape(text) if "&" in text else text
+
+
+def _drop_title_line(title: str, body: list[str]) -> list[str]:
+    """WikiExtractor repeats the title as the first line of the body (its --json text too, before version 3)."""
+    return body[1:] if body and body[0].strip() == title.strip() else body
 
 
 def iter_wikiextractor(path: Path) -> Iterator[Doc]:
-    """`<doc id=.. url=.. title=..>` blocks of WikiExtractor output; the title line after the tag is dropped.
+    """The articles of a WikiExtractor output directory (every file under it, hidden ones aside)."""
+    for f in _corpus_files(str(path)):
+        yield from _iter_wikiextractor_file(f, _wikiextractor_format(f) or "doc")
+
+
+def _iter_wikiextractor_file(path: Path, fmt: str) -> Iterator[Doc]:
+    """`<doc id=.. url=.. title=..>` blocks ("doc") or `--json` lines ("json") of one WikiExtractor output file;
+    the title line that starts an article's text is dropped.
 
     WikiExtractor's default `--html-safe` writes the text through `html.escape(text, quote=False)`, so body lines
     are unescaped (else `&amp;` reaches the tokenizer as `&`, `amp`, `;`), and the title too: it must still
     match the body's first line."""
-    for f in sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")):
-        title, inside = "", False
-        body: list[str] = []
-        for line in _read_text(f):
-            m = _DOC_OPEN.match(line)
-            if m:
-                title, body, inside = html.unescape(m.group(1)), [], True
-            elif line.startswith("</doc>"):
-                if inside:
-                    # WikiExtractor repeats the title as the first line of the body
-                    if body and body[0].strip() == title.strip():
-                        body = body[1:]
-                    yield title, "".join(body)
-                inside = False
-            elif inside:
-                body.append(html.unescape(line) if "&" in line else line)
+    if fmt == "json":
+        for n, line in enumerate(_read_text(path), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                title, text = _unescape(str(obj.get("title", ""))), _unescape(obj["text"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise UserError(
+                    f'{path} line {n} is not a WikiExtractor --json article ({{"title": ..., "text": ...}}); '
+                    "the file was cut off, or is not WikiExtractor output"
+                ) from None
+            yield title, "\n".join(_drop_title_line(title, text.split("\n")))
+        return
+    title, inside = "", False
+    body: list[str] = []
+    for line in _read_text(path):
+        m = _DOC_OPEN.match(line)
+        if m:
+            title, body, inside = _unescape(m.group(1)), [], True
+        elif line.startswith("</doc>"):
+            if inside:
+                yield title, "".join(_drop_title_line(title, body))
+            inside = False
+        elif inside:
+            body.append(_unescape(line))
 
 
 # ------------------------------------------------------------------------------------------- Wikipedia dumps
