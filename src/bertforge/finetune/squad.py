@@ -335,10 +335,11 @@ def postprocess(
     null_odds: dict[str, float] = {}
     for ei, ex in enumerate(examples):
         cands: list[tuple[float, float, float, int, int]] = []  # (score, start logit, end logit, char s, char e)
-        null_score = math.inf
+        null_score, null_logits = math.inf, (0.0, 0.0)
         for fi in by_example.get(ei, []):
             s_log, e_log = np.asarray(start_logits[fi]), np.asarray(end_logits[fi])
-            null_score = min(null_score, float(s_log[0] + e_log[0]))
+            if float(s_log[0] + e_log[0]) < null_score:  # the [CLS] logits of that window, as run_squad.py reports
+                null_score, null_logits = float(s_log[0] + e_log[0]), (float(s_log[0]), float(e_log[0]))
             c0 = int(features.ctx_offset[fi])
             n_ctx = len(features.offsets[fi])
             cs, ce = s_log[c0 : c0 + n_ctx], e_log[c0 : c0 + n_ctx]  # context part only, (n_ctx,)
@@ -361,11 +362,16 @@ def postprocess(
             entries.append({"text": text, "score": score, "start_logit": sl, "end_logit": el})
             if len(entries) >= n_best:
                 break
+        best_span = next((d for d in entries if d["text"]), None)  # before the null entry takes a place
         if version_2 and null_score < math.inf:
-            entries.append(
-                {"text": "", "score": null_score, "start_logit": null_score / 2, "end_logit": null_score / 2}
+            # run_squad.py's null entry competes for the n_best places (after spans of its score), and is added
+            # after them only when it ranks below all n_best
+            rank = sum(1 for d in entries if d["score"] >= null_score)
+            entries.insert(
+                rank, {"text": "", "score": null_score, "start_logit": null_logits[0], "end_logit": null_logits[1]}
             )
-            entries.sort(key=lambda d: -d["score"])
+            if rank < n_best:
+                del entries[n_best:]
         if not entries:
             entries = [{"text": "", "score": 0.0, "start_logit": 0.0, "end_logit": 0.0}]
         scores = np.array([d["score"] for d in entries])
@@ -374,7 +380,6 @@ def postprocess(
         for d, p in zip(entries, probs):
             d["probability"] = float(p)
         nbest_out[ex.qid] = entries
-        best_span = next((d for d in entries if d["text"]), None)
         if not version_2:
             predictions[ex.qid] = entries[0]["text"]
         else:
