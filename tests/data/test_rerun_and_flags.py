@@ -211,3 +211,15 @@ def test_vocab_out_keeps_a_vocab_it_did_not_write_and_refuses_conflicting_flags(
     # our own vocab directory re-runs
     assert main(["data", "vocab", "--docs", str(docs), "--out", str(bpe), "--vocab-size", "90"]) == 0
     assert sorted(p.name for p in bpe.iterdir()) == ["tokenizer.json", "vocab.txt"]
+
+
+def test_a_resumed_run_leaves_the_shards_it_keeps_out_of_its_rates(corpus, tmp_path, capsys):
+    """Shards found finished took no time in this run: counted, they made docs/s, tokens/s and the ETA read high."""
+    docs, vocab = corpus
+    out = tmp_path / "shards"
+    assert main(_shards(docs, vocab, out, "--shards", "3")) == 0
+    (out / "train_1.hdf5").unlink()
+    capsys.readouterr()
+    assert main(_shards(docs, vocab, out, "--shards", "3")) == 0
+    kept = next(line for line in capsys.readouterr().out.splitlines() if "train_0.hdf5" in line)
+    assert "| 0 shards/s | eta ? |" in kept and "(kept, already finished) | 0 docs/s | 0.00 M tokens/s" in kept

@@ -657,14 +657,16 @@ def _run_jobs(jobs: Sequence[Job], n_workers: int, log, t0: float) -> list[dict[
     progress = Progress("data shards", len(jobs), "shards", log, every_s=0)
 
     def report(e: dict[str, Any]) -> None:
+        # shards a resumed run finds finished took no time here: left out of every rate (and the ETA)
         nonlocal done_tokens
         entries.append(e)
-        done_tokens += e["tokens"]
+        done_tokens += 0 if e["skipped"] else e["tokens"]
         el = time.perf_counter() - t0
-        docs = sum(x["documents"] for x in entries)
+        docs = sum(x["documents"] for x in entries if not x["skipped"])
         progress.update(
             note=f"{e['file']}: {e['instances']} instances{' (kept, already finished)' if e['skipped'] else ''} | "
-            f"{docs / el:,.0f} docs/s | {done_tokens / el / 1e6:.2f} M tokens/s"
+            f"{docs / el:,.0f} docs/s | {done_tokens / el / 1e6:.2f} M tokens/s",
+            kept=e["skipped"],
         )
 
     if n_workers == 1:

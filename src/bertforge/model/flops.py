@@ -8,7 +8,8 @@ A matmul of (m, k) x (k, n) costs 2mkn. For one sequence of T tokens, hidden H, 
     QA          2T·H·2;  classification 2H·H + 2H·labels;  token classification 2T·H·labels
 
 ModernBERT: the GeGLU feed-forward is three I x H matmuls (2T·H·2I in, 2T·I·H out: 6T·H·I), and a local layer's
-scores and context see at most local_attention + 1 keys per query instead of T.
+scores and context see at most local_attention + 1 keys per query instead of T. Its QA and token-classification
+heads run the prediction head's dense H x H on every token first (2T·H·H more; BERT's have none).
 
 Embedding lookups, LayerNorm, softmax and activations are not matmuls and are left out (a few percent).
 Training counts 3x forward (backward is two matmuls per forward matmul). Because the Hugging Face baseline
@@ -35,13 +36,14 @@ def head_flops(config: BertConfig, seq_len: float, masked_per_seq: float, task: 
     H, V, T = config.hidden_size, config.vocab_size, seq_len
     mlm = masked_per_seq * (2 * H * H + 2 * H * V)
     nsp = 2 * H * H + 2 * H * 2
+    per_token = 2 * T * H * H if config.modern else 0  # ModernBERT's `head` before the per-token classifier
     table = {
         "pretraining": mlm + nsp,
         "mlm": mlm,
-        "qa": 2 * T * H * 2,
-        "classification": 2 * H * H + 2 * H * num_labels,
+        "qa": per_token + 2 * T * H * 2,
+        "classification": 2 * H * H + 2 * H * num_labels,  # BERT's pooler, or ModernBERT's head on the pooled
         "regression": 2 * H * H + 2 * H,
-        "token_classification": 2 * T * H * num_labels,
+        "token_classification": per_token + 2 * T * H * num_labels,
     }
     if task not in table:
         raise ValueError(f"unknown task {task!r}; one of {', '.join(table)}")

@@ -129,6 +129,7 @@ class MetricsLogger:
         self.dir.mkdir(parents=True, exist_ok=True)
         # a resumed run appends; a fresh one starts the files over
         mode = "a" if resume else "w"
+        last = _last_step(self.dir / "metrics.jsonl") if resume else None
         self._jsonl = open(self.dir / "metrics.jsonl", mode, encoding="utf-8")
         if json_summary:
             self._dll = open(writable_file(json_summary, "--json-summary"), mode, encoding="utf-8")
@@ -136,7 +137,10 @@ class MetricsLogger:
             with contextlib.suppress(ImportError):
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(self.dir / "tensorboard"))
+                # TensorBoard reads every event file in the directory: the earlier run's events past the rows
+                # metrics.jsonl keeps (all of them for a fresh run) are hidden, not drawn twice over the new ones
+                purge = 0 if last is None else last + 1
+                self._tb = SummaryWriter(log_dir=str(self.dir / "tensorboard"), purge_step=purge)
 
     def _dllogger(self, step: Any, data: dict[str, Any], kind: str = "LOG") -> None:
         if self._dll is None:
@@ -203,6 +207,17 @@ class MetricsLogger:
             self._tb = None
 
 
+def _last_step(path: Path) -> int | None:
+    """The step of the last readable row of a metrics.jsonl (a torn last line is skipped), None without one."""
+    with contextlib.suppress(OSError, ValueError):  # unreadable or not UTF-8: no row to go on from
+        for line in reversed(path.read_text(encoding="utf-8").splitlines()):
+            with contextlib.suppress(ValueError, AttributeError):
+                step = json.loads(line).get("step")
+                if isinstance(step, int):
+                    return step
+    return None
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
@@ -230,8 +245,9 @@ def plot_metrics(jsonl: str | Path, png: str | Path) -> Path | None:
         ("eval_nsp_acc", ax_acc),
     ):
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        if pts:
-            ax.plot(*zip(*pts), label=key, marker="." if key.startswith("eval") else None)
+        if pts:  # a lone point is a line of no length: only a marker shows it (a run of one logged step)
+            marker = "." if key.startswith("eval") or len(pts) == 1 else None
+            ax.plot(*zip(*pts), label=key, marker=marker)
     ax_loss.set_xlabel("step")
     ax_loss.set_title("loss")
     ax_acc.set_xlabel("step")

@@ -283,6 +283,7 @@ class PowerSampler:
         self._thread: threading.Thread | None = None
         self._reset_window()
         self._last: tuple[float, float] | None = None  # (time, watts) of the latest sample
+        self._pending = 0.0  # sequences of windows too short to hold a sample: their energy is in the next one
         if self.device.type != "cuda":
             return  # no NVIDIA GPU: a no-op, pynvml is not even imported
         loaded = nvml if nvml is not None else _load_nvml()
@@ -344,8 +345,10 @@ class PowerSampler:
         if not self.enabled:
             return {}
         with self._lock:
-            if self._n == 0:  # shorter than one sampling interval: it merges into the next window
+            if self._n == 0:  # shorter than one sampling interval: it merges into the next window, and so
+                self._pending += sequences or 0.0  # must its sequences, or joules_per_seq counts its energy only
                 return {}
+            sequences, self._pending = (sequences or 0.0) + self._pending, 0.0
             now = time.monotonic() if now is None else now
             n, sums, joules, seconds = self._n, self._sums, self._joules, now - self._t0
             self._reset_window(now)

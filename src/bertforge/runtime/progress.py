@@ -4,7 +4,9 @@
     progress.update(1, note="train_3.hdf5: 5120 instances")
     # data shards: 4/16 shards (25%) | 0.52 shards/s | eta 0m23s | train_3.hdf5: 5120 instances
 
-The rate is the mean since the start (done / elapsed), the ETA the rest at that rate. `every_s` throttles the
+The rate is the mean since the start (done / elapsed), the ETA the rest at that rate. Items a resumed command
+finds already done (`update(n, kept=True)`) count toward done but not toward the rate: they took no time here,
+and counted they would make the rate too high and the ETA too short. `every_s` throttles the
 lines (the last one, at done == total, is always printed once any line was). `data shards`, `pack`,
 `finetune` and the metrics logger's step lines share it, so every command words progress the same way.
 """
@@ -44,6 +46,7 @@ class Progress:
         self.label, self.total, self.unit, self.log, self.clock = label, total, unit, log, clock
         self.every_s = EVERY_S if every_s is None else every_s
         self.done = 0.0
+        self.kept = 0.0  # of done, items found already done (a resumed command's): not work of this run
         self.t0 = clock()
         self._last: float | None = None  # when the last line was printed
 
@@ -53,15 +56,19 @@ class Progress:
 
     @property
     def rate(self) -> float:
-        """Items per second since the start."""
+        """Items per second since the start (items found already done left out)."""
         el = self.elapsed_s
-        return self.done / el if el > 0 else 0.0
+        return (self.done - self.kept) / el if el > 0 else 0.0
 
     @property
     def eta_s(self) -> float | None:
-        """Seconds left at the mean rate; None before the first item."""
+        """Seconds left at the mean rate; 0 when done (however fast, or all found already done); None before the
+        first item."""
+        left = max(0.0, self.total - self.done)
+        if not left:
+            return 0.0
         rate = self.rate
-        return max(0.0, self.total - self.done) / rate if rate > 0 else None
+        return left / rate if rate > 0 else None
 
     def line(self, note: str = "") -> str:
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
@@ -73,9 +80,12 @@ class Progress:
         ]
         return " | ".join(parts + ([note] if note else []))
 
-    def update(self, n: float = 1, note: str = "") -> None:
-        """`n` more items done; logs a line when `every_s` has passed since the last one, or at the end."""
+    def update(self, n: float = 1, note: str = "", kept: bool = False) -> None:
+        """`n` more items done (`kept`: found already done, as a resumed command finds finished shards); logs a
+        line when `every_s` has passed since the last one, or at the end."""
         self.done += n
+        if kept:
+            self.kept += n
         now = self.clock()
         finished = self.done >= self.total
         due = now - (self._last if self._last is not None else self.t0) >= self.every_s

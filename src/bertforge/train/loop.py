@@ -802,7 +802,7 @@ def setup(
         resumed,
         ckpt_root,
         seconds_before=state.train_seconds,
-        t_created=t_created,
+        t_created=t_created + _measure_peak(device),  # after every check, before the loader's workers start
         fp8_guard=guard,
         power=PowerSampler(device) if info.is_main else None,
         save_hook=save_hook,
@@ -1053,13 +1053,25 @@ def _profiled(run: Run, prof: StepProfiler) -> None:
     _log0(run.info, f"profile of {prof.steps} steps: {prof.trace_path}\n{prof.table}\n{format_parts(parts)}")
 
 
+def _measure_peak(device: torch.device) -> float:
+    """Seconds spent on the device's matmul peak, MFU's denominator (measured once per machine, then cached): at
+    set-up, before the loader's workers compete with it for the cores (measured at the first log line, a CPU's
+    peak came out low and its MFU high, and the low peak was cached for later runs). Not set-up time:
+    first_step_s leaves it out."""
+    t0 = time.perf_counter()
+    dev.matmul_peak(device)
+    return time.perf_counter() - t0
+
+
 def _log_window(run: Run, window: _Window, lr: float) -> None:
     metrics = window.flush(run.info, run.cfg.train.global_batch_size, lr, run.state)
     metrics["mfu"] = _mfu(run.bert_cfg, metrics, run.device, run.precision, run.info, run.cfg.train.task)
     if run.device.type != "cpu":
         metrics["peak_mem_gb"] = dev.max_memory_allocated(run.device) / 2**30
     if run.power is not None:  # watts, joules, joules_per_seq, SM clock, temperature (NVIDIA GPUs)
-        metrics.update(run.power.window(sequences=metrics["seq_per_s"] * metrics["window_s"]))
+        # the sampler reads rank 0's GPU only: the sequences are rank 0's share of the window's, not all ranks'
+        mine = metrics["seq_per_s"] * metrics["window_s"] / run.info.world_size
+        metrics.update(run.power.window(sequences=mine))
     _log(run, {**metrics, "step_in_phase": run.state.step})
 
 
