@@ -34,8 +34,8 @@ import numpy as np
 
 from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
-from bertforge.data.documents import listed_files
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
+from bertforge.data.sources import listed_files
 from bertforge.data.vocab import document_lines
 from bertforge.data.workers import WorkerPool, quiet_worker
 from bertforge.errors import UserError

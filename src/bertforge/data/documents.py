@@ -227,26 +227,14 @@ def _check_outside(out: Path, source: str) -> None:
         )
 
 
-def listed_files(directory: Path) -> list[str] | None:
-    """The document file names that the manifest.json of `data docs`/`data wiki` in `directory` lists; None
-    without one (or with a manifest that is not ours)."""
-    try:
-        listed = json.loads((directory / "manifest.json").read_text(encoding="utf-8")).get("files")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
-        return None
-    return listed
-
-
 def _check_foreign(out: Path) -> None:
     """docs_N.txt files in `out` that its manifest.json does not list were not written by this command: a run
     would replace them (or remove them as an earlier run's), so it is refused before any work."""
-    if (out / "manifest.json").is_file() and listed_files(out) is None:  # shards' (or another tool's) manifest
+    if (out / "manifest.json").is_file() and sources.listed_files(out) is None:  # shards' (or another tool's) manifest
         raise UserError(
             f"--out {out} holds a manifest.json that `data docs` did not write (shards?): choose an empty --out"
         )
-    listed = set(listed_files(out) or [])
+    listed = set(sources.listed_files(out) or [])
     foreign = [p.name for p in out.iterdir() if _SHARD_NAME.fullmatch(p.name) and p.name not in listed]
     foreign.sort(key=lambda n: (len(n), n))
     if foreign:

@@ -94,9 +94,19 @@ def _corpus_files(source: str) -> list[Path]:
 def _is_docs_manifest(path: Path) -> bool:
     """The manifest.json of `data docs`/`data wiki`: no text. Documents read back as a corpus (to re-deal them into
     other --shards, or filter them with another --min-doc-chars) took it for one more document."""
-    from bertforge.data.documents import listed_files
-
     return path.name == "manifest.json" and listed_files(path.parent) is not None
+
+
+def listed_files(directory: Path) -> list[str] | None:
+    """The document file names that the manifest.json of `data docs`/`data wiki` in `directory` lists; None
+    without one (or with a manifest that is not ours)."""
+    try:
+        listed = json.loads((directory / "manifest.json").read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+        return None
+    return listed
 
 
 def markup(source: str) -> str | None:
