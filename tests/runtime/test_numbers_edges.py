@@ -70,6 +70,11 @@ def test_plot_of_one_logged_step_shows_its_point(tmp_path, monkeypatch):
     metrics.plot_metrics(tmp_path / "m.jsonl", tmp_path / "m.png")
     lines = [line for ax in figs[0].axes for line in ax.get_lines()]
     assert len(lines) == 2 and all(line.get_marker() not in (None, "None", "") for line in lines)
+    from bertforge.finetune.runner import plot_finetune  # fine-tuning's plot: the same rule
+
+    (tmp_path / "f.jsonl").write_text(json.dumps({"step": 3, "loss": 0.7}) + "\n")
+    plot_finetune(tmp_path / "f.jsonl", tmp_path / "f.png", "accuracy")
+    assert [line.get_marker() for ax in figs[1].axes for line in ax.get_lines()] == ["."]
     # NaN losses (written as "nan") and an empty file draw nothing and raise nothing
     (tmp_path / "n.jsonl").write_text('{"step": 1, "loss": "nan"}\n{"step": 2, "loss": "nan"}\n')
     metrics.plot_metrics(tmp_path / "n.jsonl", tmp_path / "n.png")

@@ -46,7 +46,8 @@ class FinetuneTrainConfig(TrainConfig):
     output_dir: str = "runs/finetune"
     """Where the best model, predictions, metrics.jsonl and summary.json go."""
     max_steps: int = 0
-    """Stop after this many optimizer updates (0: `epochs` decides); the schedule spans the shorter."""
+    """Stop after this many optimizer updates (0: `epochs` decides); the schedule spans the shorter. Unlike Hugging
+    Face's max_steps it does not lengthen the run past `epochs` (a larger value is said in one line at the start)."""
     global_batch_size: int = 32
     """Sequences per optimizer update, over all ranks and accumulation steps."""
     micro_batch_size: int = 32

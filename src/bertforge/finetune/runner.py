@@ -20,8 +20,9 @@ run's records (another task or model, training vs --eval-only, pre-training, or 
 `overwrite`, which deletes them once every start-up check has passed; replacing an earlier run's best/ of the
 same task and model is said in one line. SIGTERM/SIGINT stop training at the next update with the current model
 saved as `interrupted/` (Hugging Face format), and stop set-up at once; fine-tuning does not resume — it is
-short: run it again. A run that fails or is stopped before its first logged step (bad input, a crash in the
-first updates) leaves no new output directory behind.
+short: run it again (once that run has trained to the end, it deletes the stopped attempt's `interrupted/`). A
+run that fails or is stopped before its first logged step (bad input, a crash in the first updates) leaves no new
+output directory behind.
 """
 
 from __future__ import annotations
@@ -827,8 +828,14 @@ def train(s: Session, preempt: Preemption | None = None) -> None:
     t, o, data, step_fn = s.cfg.train, s.cfg.optim, s.task.train, s.step_fn
     assert data is not None and step_fn is not None, "run_finetune trains only a task with training rows"
     steps_per_epoch = math.ceil(len(data) / t.global_batch_size)
-    total = max(1, math.ceil(steps_per_epoch * t.epochs))
-    total = min(total, t.max_steps) if t.max_steps else total
+    by_epochs = max(1, math.ceil(steps_per_epoch * t.epochs))
+    total = min(by_epochs, t.max_steps) if t.max_steps else by_epochs
+    if t.max_steps > by_epochs:  # Hugging Face's max_steps overrides the epochs: said, not silently cut short
+        s.say(
+            f"train.max_steps {t.max_steps} is more than the {by_epochs} updates of train.epochs {t.epochs:g} "
+            f"({len(data)} rows, global batch {t.global_batch_size}): training stops after {by_epochs}; raise "
+            "train.epochs (--epochs) to train longer"
+        )
     s.logger.total_steps = total
     if notice := compile_notice(t):
         s.say(notice)
@@ -902,6 +909,16 @@ def _stop_preempted(s: Session, preempt: Preemption, step: int) -> None:
     )
 
 
+def _drop_earlier_interrupted(s: Session) -> None:
+    """A run that trained to the end over an earlier stopped attempt of the same fine-tune (`check_output_dir` lets
+    it run again) deletes that attempt's interrupted/: left beside this run's best/ and summary.json, it reads as
+    this run's stop, a model older than the finished run's."""
+    where = s.out_dir / "interrupted"
+    if s.info.is_main and where.is_dir():
+        shutil.rmtree(where)
+        s.say(f"deleted {where}, the model of an earlier stopped attempt: this run trained to the end")
+
+
 def finish(s: Session) -> dict[str, Any]:
     """Every rank gets rank 0's results; rank 0 writes summary.json (and the plot)."""
     best, history = s.best, s.history
@@ -929,7 +946,7 @@ def finish(s: Session) -> dict[str, Any]:
 
 def plot_finetune(jsonl: Path, png: Path, metric: str) -> Path | None:
     """The training loss and the dev set's main metric (`eval_main`) against the update step, as a PNG."""
-    from bertforge.runtime.metrics import read_jsonl, save_figure
+    from bertforge.runtime.metrics import plot_points, read_jsonl, save_figure
 
     rows = read_jsonl(jsonl)
     if not rows:
@@ -942,8 +959,7 @@ def plot_finetune(jsonl: Path, png: Path, metric: str) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, title in ((axes[0], "loss", "training loss"), (axes[1], "eval_main", f"dev {metric}")):
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        if pts:
-            ax.plot(*zip(*pts), marker="." if key == "eval_main" else None)
+        plot_points(ax, pts, marker="." if key == "eval_main" else None)
         ax.set_xlabel("step")
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -989,6 +1005,7 @@ def _train_or_evaluate(s: Session) -> dict[str, Any]:
             return finish(s)
         with Preemption() as preempt:  # finish inside: a signal during the final evaluation still stops
             train(s, preempt)
+            _drop_earlier_interrupted(s)
             return finish(s)
     finally:
         s.logger.close()

@@ -218,6 +218,13 @@ def _last_step(path: Path) -> int | None:
     return None
 
 
+def plot_points(ax: Any, pts: list[tuple[Any, Any]], label: str | None = None, marker: str | None = None) -> None:
+    """(step, value) points as a line on `ax`; a lone point is a line of no length, so it gets a marker (a run of
+    one logged step would show nothing)."""
+    if pts:
+        ax.plot(*zip(*pts), label=label, marker=marker or ("." if len(pts) == 1 else None))
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
@@ -245,9 +252,7 @@ def plot_metrics(jsonl: str | Path, png: str | Path) -> Path | None:
         ("eval_nsp_acc", ax_acc),
     ):
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-        if pts:  # a lone point is a line of no length: only a marker shows it (a run of one logged step)
-            marker = "." if key.startswith("eval") or len(pts) == 1 else None
-            ax.plot(*zip(*pts), label=key, marker=marker)
+        plot_points(ax, pts, key, "." if key.startswith("eval") else None)
     ax_loss.set_xlabel("step")
     ax_loss.set_title("loss")
     ax_acc.set_xlabel("step")

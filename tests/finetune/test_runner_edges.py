@@ -1,0 +1,40 @@
+"""Edges of the fine-tuning loop a Hugging Face run_glue/run_qa user trips on: train.max_steps above what the
+epochs give, and an earlier stopped attempt's interrupted/ left beside the finished run of the same fine-tune."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from bertforge.cli import main
+
+
+def test_max_steps_above_the_epochs_updates_is_said(encoder, finetune_argv, tmp_path, capsys):
+    """Hugging Face's max_steps overrides the epochs; here the shorter decides (32 rows, batch 8, 1 epoch: 4
+    updates), so a larger max_steps is named in one line instead of being cut short silently."""
+    out = tmp_path / "out"
+    assert main(finetune_argv(encoder, tmp_path, out, "sst2", "train.epochs=1", "train.max_steps=100")) == 0
+    said = capsys.readouterr().out
+    assert "train.max_steps 100 is more than the 4 updates of train.epochs 1 (32 rows, global batch 8)" in said
+    assert json.loads((out / "summary.json").read_text())["history"][-1]["step"] == 4
+    # a max_steps within the epochs cuts the run short, with no notice
+    assert main(finetune_argv(encoder, tmp_path, tmp_path / "b", "sst2", "train.epochs=1", "train.max_steps=3")) == 0
+    said = capsys.readouterr().out
+    assert "train.max_steps" not in said
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["history"][-1]["step"] == 3
+
+
+def test_a_finished_rerun_deletes_the_earlier_attempts_interrupted(encoder, finetune_argv, tmp_path, capsys):
+    """A stopped run leaves interrupted/ and no summary.json; the same fine-tune run again to the end must not
+    leave that older model beside its own best/, where it reads as this run's stop."""
+    out = tmp_path / "out"
+    argv = finetune_argv(encoder, tmp_path, out, "sst2", "train.epochs=1")
+    assert main(argv) == 0
+    # the state a SIGTERM leaves (test_sigterm_saves_interrupted_and_exits): interrupted/, no summary.json
+    (out / "summary.json").unlink()
+    shutil.copytree(out / "best", out / "interrupted")
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert f"deleted {out / 'interrupted'}, the model of an earlier stopped attempt" in capsys.readouterr().out
+    assert not (out / "interrupted").exists() and (out / "best" / "model.safetensors").is_file()
+    assert (out / "summary.json").is_file()
