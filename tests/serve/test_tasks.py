@@ -307,3 +307,20 @@ def test_byte_level_fill_mask_text_is_tokenized_as_training_masked_it(tmp_path):
     assert words == [tok.decode([int(i)]).strip() or tok.id_to_token(int(i)) for i in out["token_ids"][0, 0]]
     assert not any(w.startswith("Ġ") for w in words)
     assert p._token_text(tok.token_to_id("Ġsat")) == b"sat"
+
+
+def test_a_regression_model_of_several_outputs_declares_and_answers_them_all(tmp_path):
+    """transformers' problem_type regression with num_labels 3: `score` is (3,) per row, as declared to Triton."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=40, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        num_labels=3, problem_type="regression",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(config).save_pretrained(tmp_path)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c"] + [f"w{i}" for i in range(32)]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    p = Predictor.from_dir("classify", tmp_path, Limits(max_seq_len=16))
+    assert [(o.name, o.shape) for o in p.outputs] == [("score", (3,))]
+    out = p({"text": ["a b c", "w1 w2"]})
+    assert out["score"].shape == (2, 3) and out["score"].dtype == np.float32

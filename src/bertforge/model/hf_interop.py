@@ -14,11 +14,13 @@ value}`). Rules, all errors naming the key:
   fresh init when `reinit_mismatched_head=True` (`transformers`' `ignore_mismatched_sizes`), listed in
   `model.hf_load_info["reinitialised"]`.
 
-Checkpoint variants handled: `model.safetensors`, `pytorch_model.bin` (torch.load(weights_only=True)), NVIDIA
-DeepLearningExamples / Habana checkpoints (`{"model": state_dict}` in a `.pt`/`.bin`, keys prefixed `module.`
-or `model.`, TF-era `gamma`/`beta` LayerNorm names, the vocab padded to a multiple of 8: 30522 -> 30528, in
-which case the model keeps the padded rows), and encoder-only checkpoints without the `bert.` prefix
-(`BertModel`, e.g. sentence-transformers' all-MiniLM-L6-v2).
+Checkpoint variants handled: `model.safetensors`, `pytorch_model.bin` (torch.load(weights_only=True)), either
+sharded (`model.safetensors.index.json`, `pytorch_model.bin.index.json`), NVIDIA DeepLearningExamples / Habana
+checkpoints (`{"model": state_dict}` in a `.pt`/`.bin`, keys prefixed `module.` or `model.`, TF-era
+`gamma`/`beta` LayerNorm names, the vocab padded to a multiple of 8: 30522 -> 30528, in which case the model
+keeps the padded rows), encoder-only checkpoints without the `bert.` prefix (`BertModel`, e.g.
+sentence-transformers' all-MiniLM-L6-v2), and a config.json without `model_type` (the type its `architectures`
+names, else BERT).
 
 ModernBERT (`ModernBertModel`, `...ForMaskedLM`, `...ForSequenceClassification`, `...ForQuestionAnswering`,
 `...ForTokenClassification`): our encoder modules carry its names, so its rows are prefix renames
@@ -109,10 +111,19 @@ BASE_PREFIX = {"bert": "bert.", "roberta": "roberta.", "modernbert": "model."}
 # the encoder's own top-level modules, prefixed with BASE_PREFIX in checkpoints saved from the bare encoder
 _BARE = ("embeddings.", "encoder.", "pooler.", "layers.", "final_norm.")
 BUFFERS = re.compile(r"\.(position_ids|token_type_ids)$")  # non-persistent in new transformers, saved by old
-OTHER_HEADS = {  # heads of other tasks: ignored when the model being loaded has no such module
-    "bert": re.compile(r"^(bert\.pooler|classifier|cls|qa_outputs)\."),
-    "roberta": re.compile(r"^(roberta\.pooler|classifier|lm_head|qa_outputs)\."),
-    "modernbert": re.compile(r"^(head|classifier)\."),
+# every weight of every task's head (and of the pooler), as `transformers` names it: one of another task's is
+# ignored when the model being loaded has no such module; any other name is an error (an unknown key inside a head
+# module, e.g. `cls.predictions.extra.weight`, is not another task's head)
+OTHER_HEADS = {
+    "bert": re.compile(
+        r"^((bert\.pooler\.dense|cls\.predictions\.transform\.(dense|LayerNorm)|cls\.seq_relationship|qa_outputs"
+        r"|classifier)\.(weight|bias)|cls\.predictions\.bias)$"
+    ),
+    "roberta": re.compile(
+        r"^((roberta\.pooler\.dense|classifier(\.dense|\.out_proj)?|lm_head\.(dense|layer_norm)|qa_outputs)"
+        r"\.(weight|bias)|lm_head\.bias)$"
+    ),
+    "modernbert": re.compile(r"^(head\.(dense|norm)|classifier)\.(weight|bias)$"),
 }
 _QKV = re.compile(r"^(.*\.layer\.\d+\.attention\.)self\.(query|key|value)\.(weight|bias)$")
 _OUR_QKV = re.compile(r"^(.*\.layer\.\d+\.attention\.)qkv\.(weight|bias)$")
@@ -149,7 +160,7 @@ HF_MODERN_DEFAULTS: dict[str, Any] = {
 # ------------------------------------------------------------------------------------------- config
 def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConfig:
     """A Hugging Face config dict -> BertConfig (unknown keys are ignored; unsupported variants are errors)."""
-    model_type = raw.get("model_type", "bert")
+    model_type = raw.get("model_type") or _type_of_architectures(raw.get("architectures"), source)
     if model_type not in MODEL_TYPES:
         raise UserError(
             f"{source}: model_type {model_type!r} is not supported; bertforge loads {', '.join(MODEL_TYPES)}"
@@ -175,6 +186,26 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConf
         return BertConfig(**_typed(kw, source))
     except ConfigError as e:
         raise UserError(f"{source}: {e}") from None
+
+
+# Hugging Face class-name prefixes of the model types we load (RobertaForMaskedLM, ModernBertModel, BertLMHeadModel)
+_ARCH_TYPES = (("ModernBert", "modernbert"), ("Roberta", "roberta"), ("Bert", "bert"))
+
+
+def _type_of_architectures(archs: Any, source: str) -> str:
+    """The model type of a config.json without `model_type` (Google's bert_config.json, older converters): the one
+    its `architectures` names (RobertaForMaskedLM: roberta), else BERT. An architecture of another family
+    (DistilBertForMaskedLM, AlbertModel) is refused by name rather than read as BERT."""
+    arch = next((a for a in archs if isinstance(a, str)), None) if isinstance(archs, list) else None
+    if arch is None:
+        return "bert"
+    for prefix, model_type in _ARCH_TYPES:
+        if arch.startswith(prefix):
+            return model_type
+    raise UserError(
+        f"{source}: has no model_type and its architectures name {arch!r}, which is not a model bertforge loads "
+        f"({', '.join(MODEL_TYPES)})"
+    )
 
 
 def _typed(kw: dict[str, Any], source: str) -> dict[str, Any]:
@@ -340,8 +371,11 @@ def load_weights_only(path: Path, fix: str, map_location: str | torch.device = "
 
 
 def read_state_dict(path: Path, fix: str = UNTRUSTED_FIX) -> dict[str, torch.Tensor]:
-    """Tensors of a checkpoint file: safetensors, or a torch pickle read with weights_only (never runs code);
-    `fix`: the advice of the one-line error when a pickle is refused."""
+    """Tensors of a checkpoint file: safetensors, or a torch pickle read with weights_only (never runs code), or
+    the shards a `*.index.json` names (`transformers`' sharded checkpoints); `fix`: the advice of the one-line
+    error when a pickle is refused."""
+    if path.name.endswith(".index.json"):
+        return _read_shards(path, fix)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -360,14 +394,39 @@ def read_state_dict(path: Path, fix: str = UNTRUSTED_FIX) -> dict[str, torch.Ten
     return dict(obj)
 
 
+def _read_shards(index: Path, fix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a sharded checkpoint: its index's weight_map (key -> shard file beside the index); every key
+    it names must be in its shard, and a shard must hold no key the index gives to another."""
+    weight_map = read_json_object(index, "restore it from the model's source").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(f, str) for f in weight_map.values()):
+        raise UserError(f"{index}: no weight_map of key -> shard file; restore it from the model's source")
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        file = index.parent / shard
+        # a name outside the directory, or another index (a loop), is never read
+        if Path(shard).name != shard or shard.endswith(".index.json") or not file.is_file():
+            raise UserError(f"{index}: shard {shard!r} is missing from {index.parent}; download the complete model")
+        for key, value in read_state_dict(file, fix).items():
+            if weight_map.get(key) != shard:
+                raise UserError(f"{file}: key {key!r} is not listed for this shard in {index.name}")
+            out[key] = value
+    if missing := sorted(set(weight_map) - set(out)):
+        raise UserError(f"{index}: key {missing[0]!r} is not in its shard {weight_map[missing[0]]}")
+    return out
+
+
 def _weights_file(path: Path) -> Path:
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    for name in names:
         if (path / name).is_file():
             return path / name
     pts = sorted(path.glob("*.pt"))
     if len(pts) == 1:
         return pts[0]
-    raise UserError(f"{path}: no model.safetensors or pytorch_model.bin (or a single .pt NVIDIA checkpoint) found")
+    raise UserError(
+        f"{path}: no model.safetensors or pytorch_model.bin (or their sharded *.index.json, or a single .pt NVIDIA "
+        "checkpoint) found"
+    )
 
 
 def normalise_keys(sd: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
@@ -471,6 +530,7 @@ def load_hf_state_dict(
     """Copy a normalised Hugging Face state dict into `model` following NAME_MAP (rules in the module doc)."""
     mt, task = model.config.model_type, model.task
     ours = model.state_dict()
+    modules = dict(model.named_modules())
     loaded: dict[str, torch.Tensor] = {}
     qkv_parts: dict[str, dict[str, torch.Tensor]] = {}
     ignored, tied = [], {}
@@ -483,7 +543,7 @@ def load_hf_state_dict(
             continue
         name = hf_to_ours(key, mt, task)
         if name is None or name not in ours:
-            if OTHER_HEADS[mt].match(key) and not (name or "").startswith(_ENCODER):
+            if OTHER_HEADS[mt].match(key) and (name is None or name.rsplit(".", 1)[0] not in modules):
                 ignored.append(key)  # another task's head, or RoBERTa's unused pooler
                 continue
             what = "has no counterpart in bertforge's model" if name else "is not in the name map"
@@ -511,9 +571,14 @@ def load_hf_state_dict(
         if tuple(value.shape) == tuple(ours[name].shape):
             continue
         if not reinit_mismatched_head or name.startswith(_ENCODER):
+            hint = _shape_hint(name, value.shape[0])
+            if task == "regression" and name.startswith("classifier."):  # transformers' num_labels > 1 regression
+                hint = (
+                    f"the checkpoint's regression head has {value.shape[0]} outputs and task regression has one: "
+                    f"load it as task classification with num_labels={value.shape[0]} (the same weights)"
+                )
             raise UserError(
-                f"{source}: {name} has shape {tuple(value.shape)}, the model expects "
-                f"{tuple(ours[name].shape)}; {_shape_hint(name, value.shape[0])}"
+                f"{source}: {name} has shape {tuple(value.shape)}, the model expects {tuple(ours[name].shape)}; {hint}"
             )
         reinitialised.append(name)
         del loaded[name]

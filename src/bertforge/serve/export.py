@@ -95,17 +95,19 @@ def read_config(model_dir: Path) -> dict[str, Any]:
 
 def detect_head(model_dir: Path) -> str:
     """The model head named by config.json's architectures (e.g. BertForQuestionAnswering -> qa)."""
-    raw = read_config(model_dir)
+    from bertforge.model.hf_interop import read_config as read_hf_config
+
+    raw, cfile = read_hf_config(model_dir)  # cfile: config.json, or an NVIDIA checkpoint's bert_config.json
     archs = raw.get("architectures")
     for arch in archs if isinstance(archs, list) else []:
         if arch in BARE_ARCHS.values():
             return ENCODER
         for suffix, head in ARCH_TASKS.items():
             if isinstance(arch, str) and arch.endswith(suffix):
-                regression = head == "classification" and is_regression(raw, f"{model_dir}/config.json")
+                regression = head == "classification" and is_regression(raw, str(cfile))
                 return "regression" if regression else head
     raise UserError(
-        f"{model_dir}/config.json names no task head in 'architectures' ({archs}); pass --task "
+        f"{cfile} names no task head in 'architectures' ({archs}); pass --task "
         "(qa, classify, fill-mask, or embed for the bare encoder)"
     )
 
@@ -259,9 +261,17 @@ def load(
     num_labels: int | None = None,
     attention: str = "auto",
 ):
-    """The model of `head` from `model_dir`; head "encoder": the encoder of any checkpoint, its pooler kept."""
+    """The model of `head` from `model_dir`; head "encoder": the encoder of any checkpoint, its pooler kept.
+    A regression model of several outputs (transformers' problem_type regression with num_labels > 1) is built as
+    a classifier of that width: the same weights and logits, where our regression head has one output; its
+    `model.task` says which head was built (what the export's config.json is written for)."""
     from bertforge.model.hf_interop import load_pretrained
 
+    if head == "regression":
+        raw, source = read_config(model_dir), f"{model_dir}/config.json"
+        n = num_labels_from(raw, source) if problem_type_from(raw, source) == "regression" else 1
+        if n > 1 and num_labels in (None, n):  # the source's head; a fresh regression head has one output
+            head, num_labels = "classification", n
     if head == ENCODER:
         # built as a sequence classifier, the one head that keeps the pooler; a classification head in the
         # checkpoint loads (num_labels from config.json), every other head's weights are ignored
@@ -275,18 +285,25 @@ def load(
     return model.eval(), config
 
 
-def save_encoder(model, config, out: Path) -> None:
+def save_encoder(model, config, out: Path, model_dir: Path) -> None:
     """The encoder (and pooler) as a Hugging Face BertModel/RobertaModel/ModernBertModel directory: keys without
-    the model prefix, as their `save_pretrained` writes them."""
+    the model prefix, as their `save_pretrained` writes them. RoBERTa's pooler (`roberta.pooler`) is none of our
+    model's weights (ours is its classification head's dense layer, NAME_MAP), so it is copied from the source."""
     from safetensors.torch import save_file
 
-    from bertforge.model.hf_interop import hf_state_dict
+    from bertforge.model.hf_interop import _weights_file, hf_state_dict, normalise_keys, read_state_dict
 
     prefix, parts = ENCODER_PARTS[config.model_type]
     keep = tuple(prefix + p for p in parts)
     sd = {k[len(prefix) :]: v for k, v in hf_state_dict(model).items() if k.startswith(keep)}
     if not sd:  # transformers would fill an empty file with random weights, without a word
         raise RuntimeError(f"no {config.model_type} encoder weights under {keep}: the key table is out of date")
+    if config.model_type == "roberta":  # else a RobertaModel's pooler_output came back from random weights
+        source = normalise_keys(read_state_dict(_weights_file(model_dir)), config.model_type)
+        dtype = next(iter(sd.values())).dtype  # ours (fp32), whatever the file holds
+        sd.update(
+            {k[len(prefix) :]: v.to(dtype).contiguous() for k, v in source.items() if k.startswith(prefix + "pooler.")}
+        )
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -298,8 +315,8 @@ def write_config(model, config, head: str, model_dir: Path, out: Path) -> None:
     if head == ENCODER:
         raw = config_to_hf(config, "qa", 2)  # qa: a head without labels; architectures replaced below
         raw["architectures"] = [BARE_ARCHS[config.model_type]]
-    else:
-        raw = config_to_hf(config, head, model.num_labels, *source_head(model, model_dir))
+    else:  # model.task: the head built (a multi-output regression's is a classifier, `load`)
+        raw = config_to_hf(config, model.task, model.num_labels, *source_head(model, model_dir))
     (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
 
 
@@ -328,11 +345,11 @@ def export_hf(
     model, config = load(model_dir, head, init_head, seed, num_labels)
     with atomic_dir(out) as tmp:
         if head == ENCODER:
-            save_encoder(model, config, tmp)
+            save_encoder(model, config, tmp, model_dir)
             copy_sentence_transformers(model_dir, tmp)
             write_config(model, config, head, model_dir, tmp)
-        else:  # the source's label names and problem_type kept
-            save_pretrained(model, config, tmp, head, *source_head(model, model_dir))
+        else:  # the source's label names and problem_type kept; model.task: the head `load` built
+            save_pretrained(model, config, tmp, model.task, *source_head(model, model_dir))
         copy_tokenizer(model_dir, tmp)
         write_marker(tmp, "hf", head, model_dir)
     return out

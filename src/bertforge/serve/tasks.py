@@ -269,7 +269,10 @@ class Predictor:
         # labels that hold independently (problem_type multi_label_classification, trained with a sigmoid per
         # label) get a sigmoid each, as in Hugging Face's pipeline: a softmax would make them compete
         self.multi_label = multi_label
-        self.outputs = REGRESSION_OUTPUTS if regression else self.spec.outputs  # what the served model answers
+        # what the served model answers: a regression model's `score` holds its outputs (transformers' problem_type
+        # regression may have several, one per label)
+        width = (len(self.labels) if self.labels else 1,)
+        self.outputs = (dataclasses.replace(REGRESSION_OUTPUTS[0], shape=width),) if regression else self.spec.outputs
         if pooling not in POOLINGS:
             raise UserError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
         self.pooling = pooling
