@@ -73,3 +73,17 @@ def test_fill_mask_never_predicts_a_padding_row(tmp_path):
     out = p({"text": ["the cat [MASK] on the mat."]})
     assert out["token_ids"].max() < n and all(t for t in out["tokens"].ravel())
     assert out["scores"][0, 0].sum() <= 1.0 + 1e-5  # a distribution over the real tokens
+
+
+def test_a_vocab_with_a_repeated_line_sizes_the_model_by_its_highest_id(shards, tmp_path):
+    """A repeated vocab.txt line leaves fewer tokens than ids (`foo` keeps id 8 of 8 unique tokens): the model
+    needs 9 rows, or that id has no embedding (an IndexError, a device assert on a GPU)."""
+    from bertforge.data.vocab import load_tokenizer
+    from bertforge.train.loop import resolve_vocab
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\nhello\nfoo\n")
+    tok = load_tokenizer(vocab)
+    assert tok.get_vocab_size() == 8 and max(tok.encode("foo hello", add_special_tokens=False).ids) == 8
+    cfg = _cfg(shards, tmp_path / "r", **{**SYNTHETIC, "data.vocab": str(vocab), "data.synthetic_vocab_size": 16})
+    assert resolve_vocab(cfg, None) == (9, vocab)

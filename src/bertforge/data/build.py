@@ -36,7 +36,7 @@ from bertforge.data import shards as shardio
 from bertforge.data.config import ShardsConfig
 from bertforge.data.shardset import KIND_ATTR, natural_key, read_attrs
 from bertforge.data.sources import listed_files
-from bertforge.data.vocab import document_lines
+from bertforge.data.vocab import document_lines, vocab_rows
 from bertforge.data.workers import WorkerPool, quiet_worker
 from bertforge.errors import UserError
 from bertforge.runtime.io import (
@@ -251,7 +251,7 @@ def build_shard(job: Job) -> dict[str, Any]:
         "bertforge_params": job.params_hash,
         "documents": int(doc_first.size),
         "tokens": int(tokens.size),
-        "vocab_size": tok.get_vocab_size(),
+        "vocab_size": vocab_rows(tok),
         "max_pred": p.max_pred,
         "masked_lm_prob": p.masked_lm_prob,
         "cls_id": sp["cls"],
@@ -491,7 +491,7 @@ def _run_shards(
     vocab_info = {
         "vocab": str(Path(vocab).resolve()),
         "vocab_sha256": vocab_sha256,
-        "vocab_size": tok.get_vocab_size(),
+        "vocab_size": vocab_rows(tok),
         "special": special_ids(tok, vocab),
         "tokenizer_model": tokenizer_model(tok),
     }

@@ -34,7 +34,8 @@ ROBERTA_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>",
 
 
 def read_vocab_txt(path: str | os.PathLike) -> dict[str, int]:
-    """token -> id from a vocab.txt (id = line number; duplicate lines keep their first id)."""
+    """token -> id from a vocab.txt (id = line number; a duplicated token takes its last line's id, as Google's
+    `load_vocab`, Hugging Face's BertTokenizer and `tokenizers`' WordPiece read it, so ids match a checkpoint)."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
@@ -44,8 +45,14 @@ def read_vocab_txt(path: str | os.PathLike) -> dict[str, int]:
         lines.pop()
     vocab: dict[str, int] = {}
     for i, tok in enumerate(lines):
-        vocab.setdefault(tok.rstrip("\r"), i)
+        vocab[tok.rstrip("\r")] = i
     return vocab
+
+
+def vocab_rows(tok: Tokenizer) -> int:
+    """Embedding rows a model needs for `tok`'s ids: its highest id + 1. A vocab.txt with a repeated line has fewer
+    tokens (`get_vocab_size`) than that: its later tokens keep their line numbers as ids."""
+    return max(tok.get_vocab().values(), default=-1) + 1
 
 
 def _guess_lowercase(path: Path, vocab: dict[str, int]) -> bool:

@@ -44,7 +44,7 @@ import torch
 
 from bertforge import device as dev
 from bertforge.config import compile_keys, compile_mode, compile_notice, resolve_auto
-from bertforge.data.vocab import load_tokenizer, tokenizer_file
+from bertforge.data.vocab import load_tokenizer, tokenizer_file, vocab_rows
 from bertforge.errors import UserError
 from bertforge.finetune import glue, squad
 from bertforge.finetune.config import FinetuneConfig, TaskConfig
@@ -499,7 +499,7 @@ def save_model(
 def check_vocab(model_dir: str, tokenizer, vocab_size: int) -> None:
     """A tokenizer with more tokens than the model has embedding rows fails at the first step (IndexError, or a
     device-side assert on GPU): refuse it at start-up, naming both files."""
-    n = tokenizer.get_vocab_size()
+    n = vocab_rows(tokenizer)
     if n > vocab_size:
         raise UserError(
             f"--model {model_dir}: {tokenizer_file(Path(model_dir))} has {n} tokens but "

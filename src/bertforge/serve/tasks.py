@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from bertforge import device as dev
-from bertforge.data.vocab import load_tokenizer  # noqa: F401 (the one loader; callers import it here)
+from bertforge.data.vocab import load_tokenizer, vocab_rows  # noqa: F401 (load_tokenizer: callers import it here)
 from bertforge.errors import UserError
 from bertforge.runtime.io import read_json_object
 
@@ -536,7 +536,7 @@ class Predictor:
             mp[i, : len(pos)] = torch.as_tensor(pos)
         out = self._forward([r[0] for r in rows], [[0] * len(r[0]) for r in rows], masked_positions=mp)
         # a vocab padded to a multiple of 8 (model.pad_vocab_multiple, NVIDIA's 30528) has rows that are no token
-        logits = out.mlm_logits.float()[:, : self.tok.get_vocab_size()]  # (B*P, V) -> (B*P, tokens)
+        logits = out.mlm_logits.float()[:, : vocab_rows(self.tok)]  # (B*P, V) -> (B*P, tokens)
         probs = torch.softmax(logits, dim=-1).view(len(rows), P, -1)  # (B, P, tokens)
         k = min(self.limits.top_k, probs.shape[-1])
         top_p, top_i = (t.cpu() for t in probs.topk(k, dim=-1))  # (B, P, k), on the device, then to the host

@@ -109,9 +109,9 @@ def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int, Pa
             shards.check_vocab(path)
         vocab_file = path
         if size is None:
-            from bertforge.data.vocab import load_tokenizer
+            from bertforge.data.vocab import load_tokenizer, vocab_rows
 
-            size = load_tokenizer(path).get_vocab_size()
+            size = vocab_rows(load_tokenizer(path))
     if size is None:
         size = cfg.data.synthetic_vocab_size if shards is None else (shards.vocab_size or 30522)
     return size, vocab_file
