@@ -38,3 +38,25 @@ def test_a_finished_rerun_deletes_the_earlier_attempts_interrupted(encoder, fine
     assert f"deleted {out / 'interrupted'}, the model of an earlier stopped attempt" in capsys.readouterr().out
     assert not (out / "interrupted").exists() and (out / "best" / "model.safetensors").is_file()
     assert (out / "summary.json").is_file()
+
+
+def test_padded_squad_on_cuda_runs_sdpa_for_the_references_loss():
+    """pad_to_max_length on SQuAD promises Google's and HF's loss: a softmax over the padded row, padding's logits
+    from padding tokens that attend to the real ones. CUDA's auto unpads (padding's logits: the bias alone) or runs
+    the segmented layout (padding attends to itself), so that run takes SDPA with the padding mask, and says so."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bertforge.config import load_config
+    from bertforge.finetune.runner import _padded_qa_attention
+
+    padded = load_config("finetune", None, ["train.pad_to_max_length=true"])
+    said: list[str] = []
+    out = _padded_qa_attention(padded, SimpleNamespace(task="squad_v2"), torch.device("cuda"), said.append)
+    assert out.train.attention == "sdpa" and "sdpa" in said[0]
+    plain = load_config("finetune")
+    for cfg, task, device in ((padded, "mrpc", "cuda"), (padded, "squad", "cpu"), (plain, "squad", "cuda")):
+        assert _padded_qa_attention(cfg, SimpleNamespace(task=task), torch.device(device), said.append) is cfg
+    chosen = load_config("finetune", None, ["train.pad_to_max_length=true", "train.attention=eager"])
+    assert _padded_qa_attention(chosen, SimpleNamespace(task="squad"), torch.device("cuda"), said.append) is chosen

@@ -655,6 +655,18 @@ class Session:
         return self.mconfig.pad_token_id
 
 
+def _padded_qa_attention(cfg: FinetuneConfig, run: FinetuneRun, device: torch.device, say) -> FinetuneConfig:
+    """SQuAD with train.pad_to_max_length asks for the references' objective: their loss is a softmax over every
+    position of the padded row, padding included, whose logits come from padding tokens that attend to the real
+    ones. On CUDA `auto` unpads (padding's logits are the bias alone) or runs the segmented layout (padding attends
+    to itself), a different loss; SDPA with the padding mask computes the references' (docs/finetuning.md)."""
+    t = cfg.train
+    if not (t.pad_to_max_length and run.task in SQUAD_TASKS and t.attention == "auto" and device.type == "cuda"):
+        return cfg
+    say("train.pad_to_max_length on SQuAD: attention sdpa (the references' loss over padded rows), not unpadded")
+    return dataclasses.replace(cfg, train=dataclasses.replace(t, attention="sdpa"))
+
+
 def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = print) -> Session:
     """Check the inputs, join the process group, load the tokenizer, the model and the task's data, build the
     optimizer, then claim the output dir and open the metrics log: a bad input fails before anything is written
@@ -663,8 +675,9 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     # fine-tuning pads each batch to its own length: no auto setting compiles (measured for pre-training only)
     train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, fast=False, packed=False)
     cfg = dataclasses.replace(cfg, train=train_cfg, optim=optim_cfg)
+    info, device = D.init_distributed(cfg.train.device, cfg.train.ddp_timeout)
+    cfg = _padded_qa_attention(cfg, run, device, log if info.is_main else (lambda s: None))
     t = cfg.train
-    info, device = D.init_distributed(t.device, t.ddp_timeout)
     dev.check_compile_toolchain(device, compile_keys(t, cfg.optim))
     if t.global_batch_size % (t.micro_batch_size * info.world_size):
         raise UserError(
