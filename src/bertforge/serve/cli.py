@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, BinaryIO
@@ -245,6 +246,9 @@ def serve_run(args: argparse.Namespace) -> int:
         top_k=args.top_k,
     )
     server.check_ports(cfg)  # after the flags, before any model loads (seconds to minutes)
+    warning = server.exposure_warning(cfg)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     predictors = [
@@ -322,17 +326,20 @@ def predict_run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UserError(f"--batch is rows per request; give a number >= 1, not {args.batch}")
     spec = TASKS[args.task]
+    lines: list[int] | None = None
     if args.jsonl:
-        cols = read_jsonl(args.jsonl, args.task)
+        cols, lines = _read_jsonl(args.jsonl, args.task)
     else:
         given = {"question": args.question, "context": args.context, "text": args.text, "text_pair": args.text_pair}
         cols = {io.name: given[io.name] for io in spec.inputs if given.get(io.name)}
+        _check_counts(cols)
     missing = [io.name for io in spec.inputs if not io.optional and io.name not in cols]
     if missing:
         raise UserError(f"task {args.task} needs --{' --'.join(m.replace('_', '-') for m in missing)} (or --jsonl)")
     from tritonclient.utils import InferenceServerException
 
     n = len(next(iter(cols.values())))
+    start = 0
     try:
         with Client(args.url, "grpc" if args.grpc else "http", timeout_s=args.timeout) as c:
             # --batch rows per request: a server refuses more than its --max-batch (16 by default) in one
@@ -341,8 +348,21 @@ def predict_run(args: argparse.Namespace) -> int:
                 for row in rows_as_json(args.task, c.infer(args.task, **part)):
                     print(json.dumps(row, ensure_ascii=False), flush=True)
     except InferenceServerException as e:
+        status = str(e.status() or "")
+        if status.endswith("UNAVAILABLE"):  # gRPC's "cannot connect": nothing refused anything
+            raise UserError(
+                f"cannot reach a gRPC server at {args.url} ({server_message(e)}); start one with `bertforge serve`, "
+                "or give its --grpc-port"
+            ) from None
+        if status.endswith("DEADLINE_EXCEEDED"):
+            raise UserError(_no_answer(args)) from None
         hint = " (fewer rows per request: --batch)" if "batch-size must be" in str(e) else ""
-        raise UserError(f"server at {args.url} refused the request{hint}: {server_message(e)}") from None
+        if "unknown model" in str(e):  # a server of other tasks: 404 alone did not say what to do
+            hint = f" (it does not serve task {args.task}: start one with --task {args.task}, or give its --url)"
+        what, msg = _refused_rows(server_message(e), start, min(start + args.batch, n), args.jsonl, lines)
+        raise UserError(f"server at {args.url} refused {what}{hint}: {msg}") from None
+    except TimeoutError:  # connected (or trying to) but no answer within --timeout: a busy server is not absent
+        raise UserError(_no_answer(args)) from None
     except (ConnectionError, OSError) as e:
         raise UserError(f"cannot reach a server at {args.url} ({e}); start one with `bertforge serve`") from None
     except Exception as e:  # noqa: BLE001 - a port that answers something other than HTTP: the parser's error
@@ -354,14 +374,51 @@ def predict_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_answer(args: argparse.Namespace) -> str:
+    return (
+        f"the server at {args.url} did not answer within {args.timeout:g} s; it may be busy (raise --timeout) "
+        "or not a bertforge server"
+    )
+
+
+def _check_counts(cols: dict[str, list[str]]) -> None:
+    """The command line's columns are of one length: --context per --question, --text-pair per --text (the server
+    refused a mismatch as "batch size does not match", and with --batch the later requests went out unpaired)."""
+    counts = {name: len(col) for name, col in cols.items()}
+    if len(set(counts.values())) > 1:
+        given = ", ".join(f"{k} --{name.replace('_', '-')}" for name, k in counts.items())
+        raise UserError(f"give one value of each input per row: got {given}")
+
+
+def _refused_rows(msg: str, start: int, end: int, jsonl: str | None, lines: list[int] | None) -> tuple[str, str]:
+    """What a refused request held, and the server's message: its "row K" counts from the request's first row,
+    which past the first request (--batch) is not the input's row K, so the input's own row (or --jsonl line)
+    is named instead."""
+    m = re.search(r"\brow (\d+)\b", msg)
+    if m is not None and start + int(m[1]) < end:
+        k = start + int(m[1])
+        if jsonl is not None and lines is not None:
+            return f"{jsonl} line {lines[k]}", msg[: m.start()].rstrip() + msg[m.end() :]
+        return "the request", f"{msg[: m.start()]}row {k}{msg[m.end() :]}"
+    if jsonl is not None and lines is not None:
+        span = f"line {lines[start]}" if end - start == 1 else f"lines {lines[start]}-{lines[end - 1]}"
+        return f"the request of {jsonl} {span}", msg
+    return "the request" if start == 0 else f"the request of rows {start}-{end - 1}", msg
+
+
 def read_jsonl(path: str, task: str) -> dict[str, list[str]]:
     """`bertforge predict --jsonl`: the file's rows (`-`: stdin) as columns, one JSON object per non-blank line
     holding the task's inputs as strings (other keys are ignored). A row without an optional input (text_pair)
     gets an empty string, which the server takes as "no pair" for that row, so the columns stay in step."""
+    return _read_jsonl(path, task)[0]
+
+
+def _read_jsonl(path: str, task: str) -> tuple[dict[str, list[str]], list[int]]:
+    """`read_jsonl`'s columns, and each row's line number in the file (blank lines hold no row)."""
     from bertforge.serve.tasks import TASKS
 
     inputs = TASKS[task].inputs
-    rows = []
+    rows, lines = [], []
     with _open_jsonl(path) as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -372,10 +429,11 @@ def read_jsonl(path: str, task: str) -> dict[str, list[str]]:
                 ) from None
             if line.strip():
                 rows.append(_jsonl_row(line, f"{path} line {n}", task, inputs))
+                lines.append(n)
     if not rows:
         raise UserError(f"{path} holds no rows; write one JSON object per line (--jsonl)")
     names = [io.name for io in inputs if any(io.name in r for r in rows)]
-    return {name: [r.get(name, "") for r in rows] for name in names}
+    return {name: [r.get(name, "") for r in rows] for name in names}, lines
 
 
 def _open_jsonl(path: str) -> contextlib.AbstractContextManager[BinaryIO]:

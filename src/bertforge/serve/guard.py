@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import threading
 import zlib
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/")
 # connection-level headers: each hop sets its own
@@ -89,6 +91,8 @@ _SHARED_MEMORY: dict[str, Check] = {
     "shared_memory_byte_size": (_is_uint, "a non-negative integer"),
     "shared_memory_offset": (_is_uint, "a non-negative integer"),
 }
+# an input's binary tensor (`binary_data_size`, the binary extension): Triton 2.51 answered another type with 500
+_INPUT_PARAMETERS: dict[str, Check] = {"binary_data_size": (_is_uint, "a non-negative integer"), **_SHARED_MEMORY}
 _OUTPUT_PARAMETERS: dict[str, Check] = {
     "binary_data": (_is_bool, "true or false"),
     "classification": (_is_uint, "a non-negative integer"),
@@ -109,6 +113,25 @@ def _string_outputs() -> set[str]:
     from bertforge.serve.tasks import TASKS
 
     return {io.name for spec in TASKS.values() for io in spec.outputs if io.dtype == "BYTES"}
+
+
+class _ClientFaultsOnOneLine(logging.Filter):
+    """aiohttp logs each request it cannot parse (bad framing, an over-long header, a client gone mid-body) with a
+    traceback through its parser: a dozen lines per malformed request, which any client can repeat at will and
+    which read like a server fault. They are the client's: one line each."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (HttpProcessingError, ConnectionResetError)):
+            why = exc.message if isinstance(exc, HttpProcessingError) else str(exc)
+            line = next((x.strip() for x in str(why).splitlines() if x.strip()), type(exc).__name__).rstrip(":")
+            record.msg, record.args = f"{record.getMessage()}: {line[:200]} (refused; the server goes on)", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+_http_log = logging.getLogger(f"{__name__}.http")
+_http_log.addFilter(_ClientFaultsOnOneLine())
 
 
 class Refusal(Exception):
@@ -153,7 +176,7 @@ def _check_input(t: dict[str, Any]) -> None:
         raise Refusal(400, f"input {name!r} needs a string 'datatype' (BYTES, FP32, INT64, ...)")
     if not isinstance(t.get("shape"), list) or not all(_is_uint(d) for d in t["shape"]):
         raise Refusal(400, f"input {name!r}: 'shape' must be a list of non-negative integers")
-    _check_parameters(t, f"input {name!r}", _SHARED_MEMORY)
+    _check_parameters(t, f"input {name!r}", _INPUT_PARAMETERS)
     if "data" not in t:
         return  # binary or shared-memory data: Triton checks which one is set
     if not isinstance(t["data"], list):
@@ -246,6 +269,10 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise Refusal(400, f"the request body is not valid {encoding} data ({e})") from None
     except web.RequestPayloadError as e:  # framing (chunked) broken, or the client went away mid-body
         raise Refusal(400, f"the request body could not be read ({e})") from None
+    except ConnectionResetError:
+        # the client closed the connection mid-body: nobody reads an answer, but answering keeps aiohttp from
+        # logging a traceback through this function for what is the client's doing
+        raise Refusal(400, "the client closed the connection before sending the whole body") from None
     return bytes(body)
 
 
@@ -316,7 +343,7 @@ class HttpGuard:
         app = web.Application()  # the body limit is read_body's: it reads request.content itself
         app.router.add_route("*", "/{tail:.*}", self._handle)
         # auto_decompress off: read_body inflates the body itself, within the limit and with one-line errors
-        self._runner = web.AppRunner(app, access_log=None, auto_decompress=False)
+        self._runner = web.AppRunner(app, access_log=None, auto_decompress=False, logger=_http_log)
         await self._runner.setup()
         await web.TCPSite(self._runner, host, port).start()
 
@@ -345,7 +372,9 @@ class HttpGuard:
         if ctype.startswith(FORM_TYPES):
             raise Refusal(415, f"Content-Type {ctype.split(';')[0]} is not accepted; send application/json")
         if request.method == "POST" and request.path.rstrip("/").endswith("/infer"):
-            check_infer(parse_json(body[: _json_length(request, len(body))]))
+            head = _json_length(request, len(body))
+            if head:  # 0: a raw binary request (the one input's bytes, no JSON; Triton's to check), not a 400
+                check_infer(parse_json(body[:head]))
         return body
 
     def stop(self) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -103,10 +105,36 @@ def check_ports(cfg: ServeConfig) -> None:
         except socket.gaierror as e:
             raise UserError(f"--host {cfg.host} is not an address this machine can listen on ({e.strerror})") from None
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:  # the address is not this machine's: no port would do
+                raise UserError(
+                    f"--host {cfg.host} is not an address of this machine ({e.strerror}); give one of its own "
+                    "addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+                ) from None
             raise UserError(
                 f"{flag} {port}: cannot listen on {cfg.host}:{port} ({e.strerror or e}); stop what uses it or "
                 f"choose another {flag}"
             ) from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is this machine's loopback (127.0.0.0/8, ::1): only local clients."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def exposure_warning(cfg: ServeConfig) -> str | None:
+    """One line for stderr when the server binds more than loopback: inference needs no token (Triton's access
+    token guards the restricted endpoints only), so anyone who can reach the host can use the models."""
+    if is_loopback(cfg.host):
+        return None
+    unguarded = "" if cfg.http_guard else "; --no-http-guard: a large form-encoded body crashes Triton 2.51"
+    return (
+        f"warning: --host {cfg.host} serves other machines: anyone who can reach it may run inference (the access "
+        f"token guards only the restricted endpoints){unguarded}; firewall the ports or bind 127.0.0.1"
+    )
 
 
 def ensure_libpython() -> str:
