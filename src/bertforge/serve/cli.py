@@ -207,6 +207,15 @@ def _request_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_listening(cfg) -> None:
+    """The ports free on --host, and one warning line when --host serves other machines."""
+    from bertforge.serve import server
+
+    server.check_ports(cfg)
+    if warning := server.exposure_warning(cfg):
+        print(warning, file=sys.stderr, flush=True)
+
+
 def serve_run(args: argparse.Namespace) -> int:
     import torch
 
@@ -245,10 +254,7 @@ def serve_run(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
         top_k=args.top_k,
     )
-    server.check_ports(cfg)  # after the flags, before any model loads (seconds to minutes)
-    warning = server.exposure_warning(cfg)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
+    _check_listening(cfg)  # after the flags, before any model loads (seconds to minutes)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     predictors = [
