@@ -93,7 +93,12 @@ class Lamb(torch.optim.Optimizer):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return torch.zeros(())
-        norms = [n.to(_math_dtype(n)) for n in torch._foreach_norm(grads)]
+        # half-precision gradients' norms come out in fp32: in their own dtype a norm above 65504 (fp16) would be
+        # inf, the clip factor 0 and the step an update of weight decay alone
+        full = [g for g in grads if g.dtype == _math_dtype(g)]
+        half = [g for g in grads if g.dtype != _math_dtype(g)]
+        norms = list(torch._foreach_norm(full)) if full else []
+        norms += torch._foreach_norm(half, 2, dtype=torch.float32) if half else []
         dtype = torch.float64 if any(n.dtype == torch.float64 for n in norms) else torch.float32
         return torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in norms]))
 
@@ -137,6 +142,21 @@ class Lamb(torch.optim.Optimizer):
             for p, u in zip(params, update or []):  # half-precision parameters: fp32 update, rounded once
                 p.add_(u.to(p.dtype))
         return loss
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's, except that half-precision parameters keep fp32 moments: torch casts every floating state
+        tensor to its parameter's dtype, which would round the moments to 16 bits and make the next step's fp32
+        math fail on them (`_foreach_lerp_`: expected BFloat16 but got Float)."""
+        super().load_state_dict(state_dict)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]  # torch pairs them in this order
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(saved_ids, params):
+            saved = state_dict["state"].get(i)
+            if saved is None or p.dtype == _math_dtype(p):
+                continue
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in saved:
+                    self.state[p][key] = saved[key].to(device=p.device, dtype=_math_dtype(p))
 
     def _step_numbers(
         self,
