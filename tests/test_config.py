@@ -140,7 +140,7 @@ def test_settings_the_run_would_ignore_or_die_on_are_refused(sets, message):
     C.load_config("pretrain", "demo_tiny_128", ["optim.schedule=wsd", "optim.decay=0.5", "optim.decay_shape=1-sqrt"])
 
 
-def test_the_ddp_timeout_reaches_the_process_group_and_must_be_positive(monkeypatch):
+def test_the_ddp_timeout_reaches_the_process_group_and_must_be_positive(monkeypatch, tmp_path):
     """Fine-tuning's evaluation runs on rank 0 while the others wait: a fixed 30 minutes failed a long one."""
     from bertforge.runtime import distributed
     from bertforge.train.loop import run_pretrain
@@ -156,7 +156,10 @@ def test_the_ddp_timeout_reaches_the_process_group_and_must_be_positive(monkeypa
 
     monkeypatch.setattr(distributed, "init_distributed", init)
     with pytest.raises(RuntimeError, match="stop here"):
-        run_pretrain(C.load_config("pretrain", "demo_tiny_128", ["train.ddp_timeout=7200"]))
+        # an output dir of its own: the demo's runs/demo/pretrain, where a demo ran, is refused before the group
+        run_pretrain(
+            C.load_config("pretrain", "demo_tiny_128", ["train.ddp_timeout=7200", f"train.output_dir={tmp_path}"])
+        )
     assert seen == [7200.0]
 
 

@@ -94,6 +94,11 @@ class ModelConfig:
             raise ConfigError(f"model.pad_vocab_multiple must be >= 1 (1: no padding), got {self.pad_vocab_multiple}")
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"model.vocab_size must be at least 8, got {self.vocab_size}")
+        refuse_empty_paths(self, "model.", ["init_from"])
+        if self.max_position_embeddings < 1:  # else BertConfig's message, without the key, after the data is opened
+            raise ConfigError(
+                f"model.max_position_embeddings must be >= 1 (the longest sequence), got {self.max_position_embeddings}"
+            )
 
     def loaded_overrides(self) -> dict[str, float] | None:
         """What replaces a loaded checkpoint's own settings (`model.init_from`): the dropout rates and a ModernBERT's
@@ -105,6 +110,19 @@ class ModelConfig:
         """The dropout rates to replace in a loaded checkpoint's config (BertConfig fields under their Hugging
         Face names), None where both are None (the checkpoint's own)."""
         return dropout_overrides(self.hidden_dropout, self.attention_dropout)
+
+
+def refuse_empty_paths(section: Any, prefix: str, keys: Sequence[str]) -> None:
+    """Optional path keys set to "" (`--set train.init_checkpoint=$DIR` with DIR unset) are refused: read as unset,
+    phase 2 trained from random weights and evaluation was skipped without a word (the command-line flags' rule,
+    `runtime.io.refuse_empty_paths`)."""
+    from bertforge.runtime.io import refuse_empty_paths as refuse
+
+    refuse(
+        ((prefix + k, getattr(section, k)) for k in keys),
+        "give it a path, or null (or leave it out) for none",
+        ConfigError,
+    )
 
 
 def dropout_overrides(hidden: float | None, attention: float | None) -> dict[str, float] | None:
@@ -235,6 +253,11 @@ class TrainConfig:
             raise ConfigError(
                 "train.low_precision_layernorm runs LayerNorm in the autocast dtype, and train.precision=fp32 has "
                 "none: use train.precision=bf16 (or auto on a GPU), or set train.low_precision_layernorm=false"
+            )
+        if self.fp8_emulate and not self.fp8:  # emulation alone converts no layer: the run was plain bf16 or fp32
+            raise ConfigError(
+                "train.fp8_emulate runs train.fp8's casts in plain PyTorch; train.fp8 is false, so it would be "
+                "ignored: set train.fp8=true as well, or leave train.fp8_emulate out"
             )
         if self.fp8 and self.precision not in ("auto", "bf16"):
             raise ConfigError(f"train.fp8 runs the other ops in bf16; set train.precision=bf16, not {self.precision}")
@@ -419,11 +442,11 @@ def find_preset(kind: str, name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    preset = PRESET_DIR / kind / f"{name_or_path}.yaml"
+    if preset.is_file():  # before the directory check: `--config demo` beside a folder named demo is the preset
+        return preset
     if path.is_dir():
         raise ConfigError(f"config {name_or_path} is a directory; pass a YAML file or a preset name")
-    preset = PRESET_DIR / kind / f"{name_or_path}.yaml"
-    if preset.is_file():
-        return preset
     if path.suffix in (".yaml", ".yml") or "/" in str(name_or_path):
         raise ConfigError(f"config file {name_or_path} does not exist")
     names = list_presets(kind)
@@ -638,10 +661,15 @@ def _move_renamed(data: dict[str, Any], cls: type, where: str) -> None:
         for new in news:
             *new_path, new_leaf = new.split(".")
             target = data
-            for part in new_path:
+            for i, part in enumerate(new_path):
                 target = target.setdefault(part, {})
-            if new_leaf in target:
-                raise ConfigError(f"{where}: both {old} (old name) and {new} are set; keep {new}")
+                if not isinstance(target, dict):  # `optim:` left empty (null) or a scalar: no key can go into it
+                    raise ConfigError(
+                        f"{old} (old name) is now {new}, and {'.'.join(new_path[: i + 1])} in the config file is "
+                        f"{target!r}, not a mapping of keys: give it keys or leave it out"
+                    )
+            if new_leaf in target:  # load_config's message adds the file's name
+                raise ConfigError(f"both {old} (old name) and {new} are set; keep {new}")
             target[new_leaf] = value
         print(
             f"bertforge: config key {old} is now {' and '.join(news)}{f' ({where})' if where else ''}; "

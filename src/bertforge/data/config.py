@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from bertforge.config import refuse_empty_paths
 from bertforge.errors import ConfigError
 
 MAX_SEQ_LEN = 32768
@@ -56,6 +57,7 @@ class VocabConfig:
     """A piece must occur at least this often to enter a trained vocab."""
 
     def validate(self) -> None:
+        refuse_empty_paths(self, "vocab.", ["vocab_file"])  # "" read as unset: a vocab was trained instead
         if self.vocab_file is None and self.vocab_size < 64:
             raise ConfigError(f"vocab.vocab_size must be at least 64, got {self.vocab_size}")
         if self.model not in ("wordpiece", "bpe"):
@@ -162,3 +164,9 @@ class DataPrepConfig:
     """Vocabulary."""
     shards: ShardsConfig = dataclasses.field(default_factory=ShardsConfig)
     """Instances and shards."""
+
+    def validate(self) -> None:
+        # "" is the working directory: docs/, vocab/, the shards and data_config.yaml would land there (an unset
+        # variable in `--set output_dir=$DIR`), as train.output_dir refuses for a run
+        if not self.output_dir.strip():
+            raise ConfigError("output_dir is empty: name the directory of the prepared data, e.g. runs/my_data")

@@ -107,7 +107,8 @@ class FinetuneOptimConfig(OptimConfig):
     warmup: float = 0.1
     """Fraction of the updates spent warming up."""
     schedule: str = "linear"
-    """linear (Hugging Face's: linear warm-up, linear decay to 0) or poly (NVIDIA PolyWarmUp, degree 0.5)."""
+    """linear (Hugging Face's: linear warm-up, linear decay to 0), poly (NVIDIA PolyWarmUp, degree 0.5) or wsd
+    (warmup-stable-decay: optim.decay, optim.decay_shape)."""
 
 
 @dataclasses.dataclass

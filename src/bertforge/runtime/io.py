@@ -302,12 +302,16 @@ def check_open_files(n: int) -> None:
         )
 
 
-def refuse_empty_paths(flags: Iterable[tuple[str, str | None]]) -> None:
-    """(flag, value) pairs of path flags: an empty value (`--out "$OUT"` with OUT unset) is refused in one line.
-    Path("") is the working directory, and an empty value read as "not given" falls back to the flag's default:
-    either way the command would write or read somewhere the user did not name."""
-    if empty := next((flag for flag, value in flags if value is not None and not value.strip()), None):
-        raise UserError(f"{empty} is empty: give it a value, or leave the flag out")
+def refuse_empty_paths(
+    flags: Iterable[tuple[str, str | None]],
+    fix: str = "give it a value, or leave the flag out",
+    error: type[UserError] = UserError,
+) -> None:
+    """(flag or key, value) pairs of paths: an empty value (`--out "$OUT"` with OUT unset) is refused in one line.
+    Path("") is the working directory, and an empty value read as "not given" falls back to the default (no
+    init checkpoint, no evaluation): either way the command would write or read somewhere the user did not name."""
+    if empty := next((flag for flag, value in flags if value is not None and not str(value).strip()), None):
+        raise error(f"{empty} is empty: {fix}")
 
 
 def files_signature(tops: Iterable[Path]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from bertforge.config import ModelConfig, OptimConfig, TrainConfig
+from bertforge.config import ModelConfig, OptimConfig, TrainConfig, refuse_empty_paths
 from bertforge.errors import ConfigError
 
 
@@ -86,6 +86,9 @@ class PretrainDataConfig:
             raise ConfigError("data.eval_batches must be >= 0 and data.chunk_rows >= 1")
         if self.prefetch < 1:
             raise ConfigError(f"data.prefetch must be >= 1, got {self.prefetch}")
+        refuse_empty_paths(self, "data.", ["eval_dir", "vocab"])
+        if self.pack_per_row < 0:  # else the loader's workers fail on it, naming `bertforge pack`'s --max-per-pack
+            raise ConfigError(f"data.pack_per_row must be >= 0 (0: no packing), got {self.pack_per_row}")
         from bertforge.data.instances import REPLACE_SPLIT, check_replace_split
         from bertforge.data.synthetic import check_params
 
@@ -172,6 +175,7 @@ class PretrainTrainConfig(TrainConfig):
             raise ConfigError(f"train.objective must be {' or '.join(OBJECTIVE_TASKS)}, not {self.objective!r}")
         if self.save_every < 0:
             raise ConfigError(f"train.save_every must be >= 0 (0: no checkpoints), got {self.save_every}")
+        refuse_empty_paths(self, "train.", ["init_checkpoint"])
         if self.stop_after_steps < 0:
             raise ConfigError(f"train.stop_after_steps must be >= 0 (0: run to max_steps), got {self.stop_after_steps}")
 
