@@ -60,3 +60,22 @@ def test_padded_squad_on_cuda_runs_sdpa_for_the_references_loss():
         assert _padded_qa_attention(cfg, SimpleNamespace(task=task), torch.device(device), said.append) is cfg
     chosen = load_config("finetune", None, ["train.pad_to_max_length=true", "train.attention=eager"])
     assert _padded_qa_attention(chosen, SimpleNamespace(task="squad"), torch.device("cuda"), said.append) is chosen
+
+
+def test_the_presets_micro_batch_becomes_each_processs_share_on_several():
+    """The presets' micro-batch is the global 32 (one device): on 8 processes (docs/finetuning.md's torchrun line)
+    it was refused at start; each process takes its share whole, the same update, and says so."""
+    import pytest
+
+    from bertforge.config import load_config
+    from bertforge.errors import UserError
+    from bertforge.finetune.runner import _fit_micro_batch
+
+    said: list[str] = []
+    squad = load_config("finetune", "squad_large_384")
+    assert _fit_micro_batch(squad, 8, said.append).train.micro_batch_size == 4 and "4, each process" in said[0]
+    assert _fit_micro_batch(squad, 1, said.append).train.micro_batch_size == squad.train.micro_batch_size
+    small = load_config("finetune", None, ["train.global_batch_size=32", "train.micro_batch_size=2"])
+    assert _fit_micro_batch(small, 8, said.append) == small  # 2 x 8 divides 32: as set
+    with pytest.raises(UserError, match="must be a multiple of train.micro_batch_size 32 x 3 processes"):
+        _fit_micro_batch(load_config("finetune"), 3, said.append)

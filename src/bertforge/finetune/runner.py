@@ -655,6 +655,26 @@ class Session:
         return self.mconfig.pad_token_id
 
 
+def _fit_micro_batch(cfg: FinetuneConfig, world: int, say) -> FinetuneConfig:
+    """Each process takes global / world of every batch in micro-batches of train.micro_batch_size. The presets'
+    micro-batch is the whole global batch (32, one device): on several processes, where it cannot fit, each takes
+    its share whole (the same update: the micro-batch is a memory setting), and says so."""
+    t = cfg.train
+    share, rest = divmod(t.global_batch_size, world)
+    if t.micro_batch_size > share and share and not rest:
+        say(
+            f"train.micro_batch_size {t.micro_batch_size} on {world} processes: {share}, each process's share of "
+            "the global batch"
+        )
+        t = dataclasses.replace(t, micro_batch_size=share)
+    if t.global_batch_size % (t.micro_batch_size * world):
+        raise UserError(
+            f"train.global_batch_size {t.global_batch_size} must be a multiple of "
+            f"train.micro_batch_size {t.micro_batch_size} x {world} processes"
+        )
+    return dataclasses.replace(cfg, train=t)
+
+
 def _padded_qa_attention(cfg: FinetuneConfig, run: FinetuneRun, device: torch.device, say) -> FinetuneConfig:
     """SQuAD with train.pad_to_max_length asks for the references' objective: their loss is a softmax over every
     position of the padded row, padding included, whose logits come from padding tokens that attend to the real
@@ -676,16 +696,11 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
     train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, fast=False, packed=False)
     cfg = dataclasses.replace(cfg, train=train_cfg, optim=optim_cfg)
     info, device = D.init_distributed(cfg.train.device, cfg.train.ddp_timeout)
-    cfg = _padded_qa_attention(cfg, run, device, log if info.is_main else (lambda s: None))
+    say = log if info.is_main else (lambda s: None)
+    cfg = _fit_micro_batch(_padded_qa_attention(cfg, run, device, say), info.world_size, say)
     t = cfg.train
     dev.check_compile_toolchain(device, compile_keys(t, cfg.optim))
-    if t.global_batch_size % (t.micro_batch_size * info.world_size):
-        raise UserError(
-            f"train.global_batch_size {t.global_batch_size} must be a multiple of "
-            f"train.micro_batch_size {t.micro_batch_size} x {info.world_size} processes"
-        )
     out_dir = Path(t.output_dir)
-    say = log if info.is_main else (lambda s: None)
     check_output_dir(run, out_dir)  # every rank: all refuse, or none
     torch.manual_seed(t.seed)
     precision = dev.resolve_precision(t.precision, device)
