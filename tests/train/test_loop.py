@@ -310,7 +310,7 @@ def test_a_bf16_run_resumes_in_fp16(shards, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("pack", [0, 3])
-def test_synthetic_source_trains_and_profiles(tmp_path, overrides, pack):
+def test_synthetic_source_trains_and_profiles(tmp_path, overrides, pack, capsys):
     """`data.input_dir: synthetic` trains with no shards at all (unpacked and packed), and `--profile N` writes
     a Perfetto trace and the top-kernel table through the real CLI."""
     from bertforge.cli import main
@@ -343,6 +343,7 @@ def test_synthetic_source_trains_and_profiles(tmp_path, overrides, pack):
     assert sum(v["share"] for v in parts.values()) == pytest.approx(1.0)
     assert parts["forward"]["ms"] > 0 and parts["backward"]["ms"] > 0 and parts["optimizer"]["ms"] > 0
     assert not (out / "checkpoints").exists()  # train.save_every=0: a benchmark run writes no checkpoint
+    assert "model: not saved (train.save_every=0)" in capsys.readouterr().out  # not "model: None"
 
 
 def test_bad_eval_dir_and_too_long_rows_fail_at_start_up(shards, tmp_path, overrides):

@@ -112,6 +112,6 @@ def pretrain_run(args: argparse.Namespace) -> int:
         acc = summary.get("final_eval_mlm_acc", summary.get("final_mlm_acc"))
         print(
             f"done: phase {summary['phase']} step {summary['step']}, MLM accuracy "
-            f"{acc if acc is None else f'{acc:.3f}'}; model: {summary['model_dir']}"
+            f"{acc if acc is None else f'{acc:.3f}'}; model: {summary['model_dir'] or 'not saved (train.save_every=0)'}"
         )
     return 0
