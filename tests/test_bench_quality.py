@@ -209,3 +209,16 @@ def test_glue_fine_tunes_on_glue_device_when_given(monkeypatch):
     quality._glue(p, "m", Path("o"), None)
     quality._glue({**p, "glue_device": "cpu"}, "m", Path("o"), None)
     assert seen == ["train.device=cuda", "train.device=cpu"]
+
+
+def test_the_baseline_trains_ours_padded_vocab_rows(tmp_path):
+    """The same model on both sides: ours pads its vocab rows to a multiple of 8 (model.pad_vocab_multiple), so the
+    baseline's BertConfig has those rows too, not the vocab's line count."""
+    from bertforge.bench.quality import same_model
+
+    p = {
+        "config": "demo_tiny_128", "data_dir": "synthetic", "vocab": "null", "eval_dir": "null", "eval_batches": 1,
+        "batch": 8, "preset": "mini", "max_position_embeddings": 128, "precision": "fp32", "device": "cpu", "seed": 1,
+    }  # fmt: skip
+    assert same_model(p, 7962).vocab_size == 7968
+    assert same_model({**p, "ours_overrides": ["model.pad_vocab_multiple=1"]}, 7962).vocab_size == 7962

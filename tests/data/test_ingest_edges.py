@@ -50,6 +50,9 @@ def test_wikiextractor_revision_ids_keep_every_article(tmp_path):
     """`--revision` puts revid="..." before url: those articles were skipped without a word."""
     src = _extractor_dir(tmp_path / "text", data=(ALPHA.replace(' url="', ' revid="99" url="') + BETA).encode())
     assert list(sources.iter_source(str(src))) == EXPECTED
+    # other tools write attributes after the title: the title still ends at its own quote
+    assert sources._DOC_OPEN.match('<doc id="12" url="u" title="Anarchism" lang="en">')[1] == "Anarchism"
+    assert sources._DOC_OPEN.match('<doc id="1" url="u" title="Foo "bar" baz">')[1] == 'Foo "bar" baz'
 
 
 def test_wikiextractor_json_lines(tmp_path):

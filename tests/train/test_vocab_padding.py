@@ -87,3 +87,14 @@ def test_a_vocab_with_a_repeated_line_sizes_the_model_by_its_highest_id(shards, 
     assert tok.get_vocab_size() == 8 and max(tok.encode("foo hello", add_special_tokens=False).ids) == 8
     cfg = _cfg(shards, tmp_path / "r", **{**SYNTHETIC, "data.vocab": str(vocab), "data.synthetic_vocab_size": 16})
     assert resolve_vocab(cfg, None) == (9, vocab)
+
+
+def test_resume_with_other_lanes_on_as_many_processes_names_the_rows_per_update(shards, tmp_path):
+    """Lanes that change on the same process count (another micro-batch, as modernbert_large_8192's 8 -> 7, or the
+    packed shards' sequences per row) were blamed on the process count: "run on 1 to keep them"."""
+    from bertforge.errors import UserError
+
+    run_pretrain(_cfg(shards, tmp_path / "r", **{**SYNTHETIC, "train.stop_after_steps": 1}))
+    with pytest.raises(UserError, match=r"data lanes 2 -> 4 \(rows per update: train.micro_batch_size") as e:
+        run_pretrain(_cfg(shards, tmp_path / "r", **{**SYNTHETIC, "train.micro_batch_size": 2}), resume=True)
+    assert "processes: run on" not in str(e.value)

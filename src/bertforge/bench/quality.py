@@ -151,9 +151,10 @@ def same_model(p: dict[str, Any], vocab_size: int):
     trains the same model, so the two differ in how they train it, not in what (ours' demo recipe has no
     dropout; the preset's 0.1 on one side only made the baseline learn more slowly per update)."""
     from bertforge.config import load_config
-    from bertforge.train.loop import build_bert_config
+    from bertforge.train.loop import build_bert_config, model_rows
 
-    return build_bert_config(load_config("pretrain", p["config"], _ours_sets(p)), vocab_size)
+    cfg = load_config("pretrain", p["config"], _ours_sets(p))
+    return build_bert_config(cfg, model_rows(cfg, vocab_size, None))  # ours' rows: padded as ours pads them
 
 
 # ------------------------------------------------------------------------------------------- baseline
@@ -182,8 +183,9 @@ def hf_side(p: dict[str, Any], out: Path) -> dict[str, Any]:
 
     device = dev.resolve_device(p["device"])
     precision = dev.resolve_precision(p["precision"], device)
-    vocab = len(Path(p["vocab"], "vocab.txt").read_text(encoding="utf-8").splitlines())
-    config = same_model(p, vocab)
+    from bertforge.data.vocab import load_tokenizer, vocab_rows
+
+    config = same_model(p, vocab_rows(load_tokenizer(Path(p["vocab"], "vocab.txt"))))
     loader = PretrainLoader.from_dir(p["data_dir"], p["batch"], p["batch"], 0, 1, seed=p["seed"], num_workers=1)
     it = loader.iterate()
     torch.manual_seed(p["seed"])

@@ -258,8 +258,9 @@ def iter_wikitext(path: Path) -> Iterator[Doc]:
 
 # ------------------------------------------------------------------------------------------- WikiExtractor
 # `<doc id=".." url=".." title="..">`, with `revid=".."` before url under WikiExtractor's --revision; the title is
-# last and written unescaped by some versions (a `"` in it), so it runs to the closing `">`
-_DOC_OPEN = re.compile(r'^<doc id="[^"]*"(?: [a-z]+="[^"]*")*? title="(.*)">\s*$')
+# written unescaped by some versions (a `"` in it), so it runs to the last `"` before the closing `>` or before
+# other tools' attributes after it
+_DOC_OPEN = re.compile(r'^<doc id="[^"]*"(?: [a-z]+="[^"]*")*? title="(.*?)"(?: [a-z]+="[^"]*")*>\s*$')
 
 
 def _wikiextractor_format(path: Path) -> str | None:
@@ -289,12 +290,6 @@ def _unescape(text: str) -> str:
 def _drop_title_line(title: str, body: list[str]) -> list[str]:
     """WikiExtractor repeats the title as the first line of the body (its --json text too, before version 3)."""
     return body[1:] if body and body[0].strip() == title.strip() else body
-
-
-def iter_wikiextractor(path: Path) -> Iterator[Doc]:
-    """The articles of a WikiExtractor output directory (every file under it, hidden ones aside)."""
-    for f in _corpus_files(str(path)):
-        yield from _iter_wikiextractor_file(f, _wikiextractor_format(f) or "doc")
 
 
 def _iter_wikiextractor_file(path: Path, fmt: str) -> Iterator[Doc]:

@@ -289,6 +289,7 @@ class Predictor:
         self.sep = _special(tokenizer, "[SEP]", "</s>")
         self.pad = _special(tokenizer, "[PAD]", "<pad>")
         self.mask = _special(tokenizer, "[MASK]", "<mask>") if task == "fill-mask" else None
+        self.tokens = vocab_rows(tokenizer)  # the ids fill-mask may predict (once: get_vocab() takes ~10 ms)
         self.mask_token = tokenizer.id_to_token(self.mask) if self.mask is not None else None
         self._glued = None  # byte-level BPE that marks every text's start as a word's: the same, without that
         if self.mask_token is not None and type(tokenizer.model).__name__ == "BPE":  # a vocab trained before the fix
@@ -536,7 +537,7 @@ class Predictor:
             mp[i, : len(pos)] = torch.as_tensor(pos)
         out = self._forward([r[0] for r in rows], [[0] * len(r[0]) for r in rows], masked_positions=mp)
         # a vocab padded to a multiple of 8 (model.pad_vocab_multiple, NVIDIA's 30528) has rows that are no token
-        logits = out.mlm_logits.float()[:, : vocab_rows(self.tok)]  # (B*P, V) -> (B*P, tokens)
+        logits = out.mlm_logits.float()[:, : self.tokens]  # (B*P, V) -> (B*P, tokens)
         probs = torch.softmax(logits, dim=-1).view(len(rows), P, -1)  # (B, P, tokens)
         k = min(self.limits.top_k, probs.shape[-1])
         top_p, top_i = (t.cpu() for t in probs.topk(k, dim=-1))  # (B, P, k), on the device, then to the host

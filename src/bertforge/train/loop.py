@@ -588,9 +588,15 @@ def check_resume(
     now = asdict(cfg)
     changed = _data_changed(meta.get("data"), data)
     if lanes is not None and isinstance(meta.get("lanes"), int) and meta["lanes"] != lanes:
-        # packed rows per update round to micro x processes: another process count can change them
-        ranks = f"{meta.get('world_size')} -> {info.world_size} processes: run on {meta.get('world_size')} to keep them"
-        changed.append(f"data lanes {meta['lanes']} -> {lanes} ({ranks})")
+        # packed rows per update round to micro x processes: another process count can change them; so can the
+        # micro-batch, or the packed shards' sequences per row (counted since 2026-11-27 where no packing.json says)
+        was = meta.get("world_size")
+        why = (
+            f"{was} -> {info.world_size} processes: run on {was} to keep them"
+            if was != info.world_size
+            else "rows per update: train.micro_batch_size, or the packed shards' sequences per row"
+        )
+        changed.append(f"data lanes {meta['lanes']} -> {lanes} ({why})")
     recorded_cfg: dict[str, Any] = saved if isinstance(saved, dict) else {}  # none recorded: nothing to compare
     for key in RESUME_KEYS:
         section, name = key.split(".")
