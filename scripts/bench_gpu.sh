@@ -81,6 +81,8 @@ fi
 echo "== $(date -Is) $(git rev-parse --short HEAD 2>/dev/null) steps: ${steps[*]}; ${seconds}s, margin ${margin}s"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader 2>/dev/null
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+# NNLSHP's plan is scipy's nnls (~11 s at seq 512, K=3 with 1.17; reported 4-60x slower in scipy 1.12-1.15)
+python3 -c "import scipy; print('scipy', scipy.__version__)" 2>/dev/null || echo "scipy: missing"
 
 left() { echo $((end - SECONDS - margin)); }
 

@@ -43,3 +43,15 @@ def test_joules_per_sequence_divides_by_the_sampled_gpus_sequences(monkeypatch):
     )
     loop._log_window(run, SimpleNamespace(flush=lambda *a: {"seq_per_s": 100.0, "window_s": 2.0}), 1e-3)
     assert seen["sequences"] == 50.0  # 200 sequences over 4 ranks in the window
+
+
+def test_measuring_the_peak_leaves_the_random_stream_as_it_was(tmp_path, monkeypatch):
+    """On a machine without the cached peak its random matrices drew from the run's stream: other dropout masks
+    than the same run (or its --resume) on a machine with the cache."""
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(dev, "_measure", lambda device, dtype, max_n, seconds: (torch.randn(4, 4).sum().item(), 4))
+    torch.manual_seed(0)
+    loop._measure_peak(torch.device("cpu"))  # measured: the cache is empty
+    after = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.rand(3))

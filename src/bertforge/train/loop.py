@@ -1063,9 +1063,12 @@ def _measure_peak(device: torch.device) -> float:
     """Seconds spent on the device's matmul peak, MFU's denominator (measured once per machine, then cached): at
     set-up, before the loader's workers compete with it for the cores (measured at the first log line, a CPU's
     peak came out low and its MFU high, and the low peak was cached for later runs). Not set-up time:
-    first_step_s leaves it out."""
+    first_step_s leaves it out. Its random matrices come from forked RNG states: a machine without the cache
+    would otherwise draw other dropout masks than one with it (after a --resume's restored states too)."""
     t0 = time.perf_counter()
-    dev.matmul_peak(device)
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        dev.matmul_peak(device)
     return time.perf_counter() - t0
 
 
