@@ -81,8 +81,15 @@ def test_resume_with_a_changed_batch_data_or_schedule_is_refused_unless_allowed(
     recorded["lanes"] += 1
     meta.write_text(json.dumps(recorded))
     assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 3})) == 2
-    lanes = recorded["lanes"]
-    one_line(capsys.readouterr().err, f"data lanes {lanes} -> {lanes - 1} (1 -> 1 processes: run on 1")
+    lanes = recorded["lanes"]  # on as many processes: the rows per update changed, not the process count
+    one_line(capsys.readouterr().err, f"data lanes {lanes} -> {lanes - 1} (rows per update: train.micro_batch_size")
+    written_by = recorded.get("world_size")
+    recorded["world_size"] = 2  # written by 2 processes: that is what to restore
+    meta.write_text(json.dumps(recorded))
+    assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 3})) == 2
+    one_line(capsys.readouterr().err, f"data lanes {lanes} -> {lanes - 1} (2 -> 1 processes: run on 2 to keep them)")
+    recorded["world_size"], recorded["lanes"] = written_by, lanes - 1
+    meta.write_text(json.dumps(recorded))
     moved = tmp_path / "moved"
     moved.mkdir()
     for p in shards.iterdir():
