@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import write_text
+from bertforge.runtime.io import cache_dir, write_text
 
 DEVICE_TYPES = ("cpu", "cuda", "xpu", "hpu", "mps")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -323,8 +323,7 @@ class Peak:
 
 
 def _cache_path() -> Path:
-    root = Path(os.environ.get("BERTFORGE_CACHE", Path.home() / ".cache" / "bertforge"))
-    return root / "matmul_peak.json"
+    return cache_dir() / "matmul_peak.json"
 
 
 def _measure(device: torch.device, dtype: torch.dtype, max_n: int, seconds: float) -> tuple[float, int]:

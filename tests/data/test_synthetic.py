@@ -306,3 +306,31 @@ def test_config_keys_and_loader_for():
     ):
         with pytest.raises(ConfigError):
             build_config(PretrainConfig, {}, bad)
+
+
+def test_a_packing_plan_is_solved_once_per_machine(tmp_path, monkeypatch):
+    """NNLSHP's least squares took ~11 s at seq 512 in a benchmark's process and again in its child's set-up:
+    the plan is solved once and read back (equal), and a damaged file is solved again."""
+    import numpy as np
+
+    from bertforge.data import packing_algorithms as pa
+    from bertforge.data import synthetic
+
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path))
+    solved = []
+    real = pa.pack_histogram
+    monkeypatch.setattr(pa, "pack_histogram", lambda *a: solved.append(a) or real(*a))
+
+    def plan():
+        synthetic.pack_plan.cache_clear()  # a new process
+        return synthetic.pack_plan(64, "wiki", 3, 10, algorithm="nnlshp")
+
+    first, again = plan(), plan()
+    assert len(solved) == 1
+    assert np.array_equal(first.table, again.table) and np.array_equal(first.cdf, again.cdf)
+    assert (first.avg_seq_per_sample, first.width) == (again.avg_seq_per_sample, again.width)
+    (saved,) = (tmp_path / "packing").iterdir()
+    saved.write_text('{"combos": [[1]], "counts": [1]}')  # not this histogram's
+    plan()
+    assert len(solved) == 2
+    synthetic.pack_plan.cache_clear()

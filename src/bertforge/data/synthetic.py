@@ -43,10 +43,13 @@ the world size.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -244,7 +247,7 @@ def pack_plan(
 ) -> PackPlan:
     """The packing strategy of PACK_SAMPLE sequences of the histogram (hashable: str or tuple of pairs)."""
     hist = np.rint(length_pmf(histogram, seq_len) * PACK_SAMPLE).astype(np.int64)
-    strategy = pa.pack_histogram(hist, seq_len, max_per_pack, algorithm)
+    strategy = _cached_strategy(hist, seq_len, max_per_pack, algorithm)
     table = np.zeros((len(strategy.combos), max_per_pack), np.int64)
     for j, combo in enumerate(strategy.combos):
         table[j, : len(combo)] = combo
@@ -257,6 +260,31 @@ def pack_plan(
         strategy.efficiency,
         width,
     )
+
+
+def _cached_strategy(hist: np.ndarray, seq_len: int, max_per_pack: int, algorithm: str) -> pa.Strategy:
+    """`pa.pack_histogram`, solved once per machine (`runtime.io.cache_dir`): NNLSHP's least squares takes ~11 s
+    at seq 512, and a benchmark paid it in its own process and again in each child's set-up (inside first_step_s).
+    Keyed by the histogram, the settings and the packing code itself, so a changed algorithm solves afresh; a file
+    that does not read back as a strategy of this histogram is solved again."""
+    import hashlib
+
+    from bertforge.runtime.io import cache_dir, write_bytes
+
+    key = hashlib.sha256(hist.tobytes() + f"|{seq_len}|{max_per_pack}|{algorithm}|".encode())
+    key.update(Path(pa.__file__).read_bytes())
+    path = cache_dir() / "packing" / f"{key.hexdigest()[:24]}.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        combos, counts = [tuple(int(x) for x in c) for c in saved["combos"]], np.asarray(saved["counts"], np.int64)
+        if len(combos) == len(counts) and int(sum(len(c) * n for c, n in zip(combos, counts))) == int(hist.sum()):
+            return pa.Strategy(combos, counts, seq_len, max_per_pack)
+    strategy = pa.pack_histogram(hist, seq_len, max_per_pack, algorithm)
+    with contextlib.suppress(OSError):  # a read-only home: solved again next time, nothing lost
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"combos": [list(c) for c in strategy.combos], "counts": strategy.counts.tolist()}
+        write_bytes(path, json.dumps(data).encode())
+    return strategy
 
 
 def make_packed_rows(

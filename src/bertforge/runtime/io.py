@@ -146,6 +146,12 @@ def atomic_dir(path: str | os.PathLike) -> contextlib.AbstractContextManager[Pat
     return _atomic(path, directory=True)
 
 
+def cache_dir() -> Path:
+    """bertforge's cache of results measured or solved once per machine (the matmul peak, packing plans):
+    $BERTFORGE_CACHE, else ~/.cache/bertforge."""
+    return Path(os.environ.get("BERTFORGE_CACHE", Path.home() / ".cache" / "bertforge"))
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
