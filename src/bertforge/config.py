@@ -28,6 +28,7 @@ from typing import Any, TypeGuard, TypeVar
 import yaml
 
 from bertforge.errors import ConfigError, first_line
+from bertforge.runtime.io import refuse_empty_paths as refuse_empty_flags
 from bertforge.runtime.io import write_text
 
 # kind -> "module:Class"; the module is imported only when that kind is loaded.
@@ -116,9 +117,7 @@ def refuse_empty_paths(section: Any, prefix: str, keys: Sequence[str]) -> None:
     """Optional path keys set to "" (`--set train.init_checkpoint=$DIR` with DIR unset) are refused: read as unset,
     phase 2 trained from random weights and evaluation was skipped without a word (the command-line flags' rule,
     `runtime.io.refuse_empty_paths`)."""
-    from bertforge.runtime.io import refuse_empty_paths as refuse
-
-    refuse(
+    refuse_empty_flags(
         ((prefix + k, getattr(section, k)) for k in keys),
         "give it a path, or null (or leave it out) for none",
         ConfigError,

@@ -269,21 +269,22 @@ def _cached_strategy(hist: np.ndarray, seq_len: int, max_per_pack: int, algorith
     that does not read back as a strategy of this histogram is solved again."""
     import hashlib
 
-    from bertforge.runtime.io import cache_dir, write_bytes
+    from bertforge.runtime.io import cache_dir, write_text
 
     key = hashlib.sha256(hist.tobytes() + f"|{seq_len}|{max_per_pack}|{algorithm}|".encode())
     key.update(Path(pa.__file__).read_bytes())
     path = cache_dir() / "packing" / f"{key.hexdigest()[:24]}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         saved = json.loads(path.read_text(encoding="utf-8"))
-        combos, counts = [tuple(int(x) for x in c) for c in saved["combos"]], np.asarray(saved["counts"], np.int64)
-        if len(combos) == len(counts) and int(sum(len(c) * n for c, n in zip(combos, counts))) == int(hist.sum()):
-            return pa.Strategy(combos, counts, seq_len, max_per_pack)
+        combos = [tuple(int(x) for x in c) for c in saved["combos"]]
+        cached = pa.Strategy(combos, np.asarray(saved["counts"], np.int64), seq_len, max_per_pack)
+        if len(combos) == len(cached.counts) and cached.sequences == int(hist.sum()):
+            return cached
     strategy = pa.pack_histogram(hist, seq_len, max_per_pack, algorithm)
     with contextlib.suppress(OSError):  # a read-only home: solved again next time, nothing lost
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"combos": [list(c) for c in strategy.combos], "counts": strategy.counts.tolist()}
-        write_bytes(path, json.dumps(data).encode())
+        write_text(path, json.dumps(data))
     return strategy
 
 
