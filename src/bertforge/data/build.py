@@ -483,11 +483,20 @@ def _check_own(d: Path, option: str, split: str) -> None:
 def _run_shards(
     files: list[Path], vocab, out: Path, ev: Path | None, params: ShardsConfig, lowercase: bool | None, log
 ) -> dict[str, Any]:
-    from bertforge.data.vocab import load_tokenizer, special_ids, tokenizer_model, vocab_hash
+    from bertforge.data.vocab import (
+        load_tokenizer,
+        special_ids,
+        tokenizer_file,
+        tokenizer_model,
+        tokenizer_source,
+        vocab_hash,
+    )
 
     # load once here to fail early on a bad vocab (the workers load their own copy)
     tok = load_tokenizer(vocab, lowercase)
-    vocab_sha256 = vocab_hash(vocab)
+    # the hash of the file the tokenizer is read from: a vocab.txt's casing is its tokenizer.json's, which `data
+    # vocab --from ... --uncased` rewrites beside the same vocab.txt (shards of the old casing would be kept)
+    vocab_sha256 = vocab_hash(vocab if lowercase is not None else tokenizer_source(tokenizer_file(Path(vocab))))
     vocab_info = {
         "vocab": str(Path(vocab).resolve()),
         "vocab_sha256": vocab_sha256,

@@ -270,6 +270,7 @@ def run_vocab(
         load_tokenizer,
         round_vocab_size,
         save_tokenizer,
+        tokenizer_file,
         tokenizer_model,
         train_bpe,
         train_wordpiece,
@@ -287,7 +288,10 @@ def run_vocab(
                 f"--from {from_vocab} is a {kind} vocab, not bpe (--model bpe); it is written as it is: drop --model, "
                 "or give a byte-level BPE tokenizer.json"
             )
-        save_tokenizer(tok, out)
+        # a vocab.txt is written as it is: a repeated line leaves an id no token holds, which the tokens alone
+        # cannot write back (and Google's and HF's readers give the line's token its last id, as we do)
+        source = tokenizer_file(Path(from_vocab))
+        save_tokenizer(tok, out, vocab_txt=None if source.suffix == ".json" else source)
     elif not docs:
         raise UserError("data vocab needs --docs (documents to train on) or --from (an existing vocab)")
     elif model == "bpe":

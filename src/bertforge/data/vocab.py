@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import write_text
+from bertforge.runtime.io import write_bytes, write_text
 
 BERT_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 # RoBERTa-style BPE tokenizers name the same roles differently
@@ -35,10 +34,12 @@ ROBERTA_SPECIALS = {"pad": "<pad>", "unk": "<unk>", "cls": "<s>", "sep": "</s>",
 
 def read_vocab_txt(path: str | os.PathLike) -> dict[str, int]:
     """token -> id from a vocab.txt (id = line number; a duplicated token takes its last line's id, as Google's
-    `load_vocab`, Hugging Face's BertTokenizer and `tokenizers`' WordPiece read it, so ids match a checkpoint)."""
+    `load_vocab`, Hugging Face's BertTokenizer and `tokenizers`' WordPiece read it, so ids match a checkpoint).
+    A leading byte-order mark (Windows editors write one) is dropped: kept, it would rename the first token
+    ("\ufeff[PAD]"), and a vocab opening with [UNK] would have none."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
     except UnicodeDecodeError as e:
         raise UserError(f"vocab {path} is not UTF-8 text ({e}); give a vocab.txt with one token per line") from e
     if lines and lines[-1] == "":
@@ -98,13 +99,14 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None, cache
     """A `tokenizers.Tokenizer` from a vocab.txt, a tokenizer.json, or a directory holding one (a model
     directory too): the one tokenizer loader of bertforge (data, pretraining, fine-tuning, serving).
 
-    A directory prefers tokenizer.json. For a vocab.txt, `lowercase=None` takes `do_lower_case` from a
-    tokenizer_config.json beside it (Hugging Face model directories), else guesses from the file name
-    ("uncased"/"cased") and then from the tokens. A tokenizer.json carries its own normalizer, so `lowercase`
-    is ignored for it. Truncation and padding are off (a sentence-transformers tokenizer.json pads and cuts to
-    128; windows and padding are the caller's). The vocab must contain [CLS], [SEP] and [MASK] (or <s>, </s>,
-    <mask>). `cache=True` returns one shared tokenizer per file and setting (the shard workers': do not
-    modify it).
+    A directory prefers tokenizer.json. For a vocab.txt, `lowercase=None` takes the tokenizer.json beside it
+    when that holds the same tokens (what `data vocab` wrote with it, or a Hugging Face model directory's), else
+    `do_lower_case` from a tokenizer_config.json beside it, else guesses from the file name ("uncased"/"cased")
+    and then from the tokens. A tokenizer.json carries its own normalizer, so `lowercase` is ignored for it.
+    Truncation and padding are off (a sentence-transformers tokenizer.json pads and cuts to 128; windows and
+    padding are the caller's). The vocab must contain [CLS], [SEP] and [MASK] (or <s>, </s>, <mask>), and the
+    unknown-word token its model names ([UNK]). `cache=True` returns one shared tokenizer per file and setting
+    (the shard workers': do not modify it).
     """
     path = tokenizer_file(Path(path))
     if cache:
@@ -113,6 +115,11 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None, cache
         if key not in _LOADED:
             _LOADED[key] = load_tokenizer(path, lowercase)
         return _LOADED[key]
+    if lowercase is None and path.suffix != ".json":
+        # the casing `data vocab --cased/--uncased` chose is in the tokenizer.json written beside the vocab.txt;
+        # a guess from the tokens could differ, and shards would then be built with another tokenizer than
+        # the one checkpoints ship (`save_hf_tokenizer` takes that tokenizer.json too)
+        path = tokenizer_source(path)
     if path.suffix == ".json":
         try:
             tok = Tokenizer.from_file(str(path))
@@ -126,6 +133,13 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None, cache
             lowercase = _guess_lowercase(path, vocab)
         tok = wordpiece_from_vocab(vocab, lowercase)
     special_ids(tok, source=path)  # raises when [CLS]/[SEP]/[MASK] are missing
+    unk = getattr(tok.model, "unk_token", None)
+    if unk and unk not in tok.get_vocab():
+        # else the first word it cannot spell stops tokenization with a Rust error, hours into `data shards`
+        raise UserError(
+            f"vocab {path} lacks the token {unk}, which every word it cannot spell becomes; add {unk} to it "
+            "(Google's vocab.txt files have [UNK] on line 101, id 100)"
+        )
     tok.no_truncation()
     tok.no_padding()
     return tok
@@ -196,25 +210,31 @@ def tokenizer_model(tok: Tokenizer) -> str:
 
 
 def vocab_hash(path: str | os.PathLike) -> str:
-    """sha256 of the vocab file (of tokenizer.json/vocab.txt when given a directory)."""
-    path = Path(path)
-    if path.is_dir():
-        path = next(p for p in (path / "vocab.txt", path / "tokenizer.json") if p.is_file())
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """sha256 of the vocab file; of a directory's tokenizer.json, else its vocab.txt: the file `load_tokenizer`
+    reads, so a tokenizer.json rewritten with another casing beside the same vocab.txt (`data vocab --from
+    --uncased`) changes the hash, and shards built with the old one are rebuilt rather than kept."""
+    return hashlib.sha256(tokenizer_file(Path(path)).read_bytes()).hexdigest()
 
 
-def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike) -> Path:
+def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike, vocab_txt: Path | None = None) -> Path:
     """Write tokenizer.json and, for WordPiece, vocab.txt (tokens in id order) into `out_dir`, atomically; returns
     the dir. A byte-level BPE vocab has no vocab.txt: its tokens (Ġ-prefixed) read as WordPiece would be mostly
-    [UNK]."""
+    [UNK]. `vocab_txt`: the vocab.txt `tok` was read from, written as it is (its line endings, and a repeated
+    line, whose earlier id no token of `tok` holds: the tokens alone cannot say what that line was)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab = tok.get_vocab()
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
-    if [i for _, i in by_id] != list(range(len(by_id))):
-        raise UserError(f"tokenizer ids are not contiguous 0..{len(by_id) - 1}; cannot write {out}")
+    wordpiece = isinstance(tok.model, models.WordPiece)
+    if [i for _, i in by_id] != list(range(len(by_id))) and not (wordpiece and vocab_txt is not None):
+        raise UserError(
+            f"tokenizer ids are not contiguous 0..{len(by_id) - 1} (a vocab.txt with a repeated line?); cannot "
+            f"write {out}"
+        )
     write_text(out / "tokenizer.json", tok.to_str(pretty=True))  # first: a vocab.txt alone is someone else's
-    if isinstance(tok.model, models.WordPiece):
+    if wordpiece and vocab_txt is not None:
+        write_bytes(out / "vocab.txt", vocab_txt.read_bytes())
+    elif wordpiece:
         write_text(out / "vocab.txt", "".join(t + "\n" for t, _ in by_id))
     return out
 
@@ -247,9 +267,9 @@ def save_hf_tokenizer(vocab_file: Path, out_dir: Path, model_max_length: int) ->
     if isinstance(tok.model, models.WordPiece):
         normalizer = json.loads(tok.to_str()).get("normalizer") or {}
         config.update(tokenizer_class="BertTokenizer", do_lower_case=bool(normalizer.get("lowercase", False)))
-        save_tokenizer(tok, out_dir)  # vocab.txt and tokenizer.json
-        if vocab_file.name == "vocab.txt":  # the user's file byte for byte (its line endings, its duplicates)
-            shutil.copyfile(vocab_file, out_dir / "vocab.txt")
+        # a vocab.txt (whatever its name) is copied byte for byte: its line endings, its repeated lines, which a
+        # vocab.txt written from the tokens cannot hold (a checkpoint of a run on such a vocab failed to save)
+        save_tokenizer(tok, out_dir, vocab_txt=None if vocab_file.suffix == ".json" else vocab_file)
     else:
         config["tokenizer_class"] = "PreTrainedTokenizerFast"
         write_text(out_dir / "tokenizer.json", tok.to_str(pretty=True))
