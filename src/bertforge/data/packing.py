@@ -35,7 +35,7 @@ import numpy as np
 
 from bertforge.data.packing_algorithms import ALGORITHMS, assign_packs, length_histogram, pack_histogram, plan_stats
 from bertforge.data.packing_rows import build_packed_rows, mlm_width, prediction_counts, sample_lengths
-from bertforge.data.shardset import KIND_ATTR, NVIDIA_KEYS, ShardSet, open_shard, read_json, reading
+from bertforge.data.shardset import KIND_ATTR, NVIDIA_KEYS, REMAKE, ShardSet, open_shard, read_json, reading
 from bertforge.errors import UserError
 from bertforge.runtime.io import output_dir, remove_stale, write_text
 from bertforge.runtime.progress import Progress
@@ -92,6 +92,8 @@ def _open_input(cfg: PackConfig) -> ShardSet:
     for flag, value in sizes.items():
         if value < 1:
             raise UserError(f"{flag} must be at least 1, not {value}")
+    if cfg.max_per_pack > 127:  # input_mask holds the sequence index as int8 (DESIGN §3.3): 128 would wrap
+        raise UserError(f"--max-per-pack must be at most 127 (input_mask is int8), not {cfg.max_per_pack}")
     if cfg.seed < 0:
         raise UserError(f"--seed must be at least 0, not {cfg.seed}")
     if cfg.buffer_mb < 0:  # 0: every row straight to its bucket file
@@ -127,6 +129,9 @@ def read_lengths(shards: ShardSet, chunk_rows: int = 4096) -> tuple[np.ndarray, 
             mask, mpos = f["input_mask"], f["masked_lm_positions"]
             for a in range(0, info.rows, chunk_rows):
                 lengths.append(sample_lengths(mask[a : a + chunk_rows]).astype(small))
+                if not lengths[-1].all():  # named here: the histogram's range error could not say where
+                    row = a + int(np.argmin(lengths[-1]))
+                    raise UserError(f"shard {info.path} row {row} is empty (its input_mask is all 0); {REMAKE}")
                 preds.append(prediction_counts(mpos[a : a + chunk_rows]).astype(np.int16))
     return np.concatenate(lengths), np.concatenate(preds)
 
@@ -172,6 +177,8 @@ class _Plan:
     """Output shards not written yet."""
     dest: np.ndarray
     """(N,) output shard of every sample, -1 where that shard is finished."""
+    packs_sha: str
+    """Digest of `packs`: a resumed run checks that it recomputed the plan its finished shards were made from."""
 
 
 def _plan(cfg: PackConfig, shards: ShardSet, out: Path, n_out: int, log: Callable[[str], None]) -> _Plan:
@@ -188,7 +195,8 @@ def _plan(cfg: PackConfig, shards: ShardSet, out: Path, n_out: int, log: Callabl
         f"efficiency {stats['packing_efficiency']:.2%}, strategy in {t_alg:.3f}s)"
     )
     if n_out > len(packs):  # the extra shards would be empty files, each a reader's open and nothing more
-        raise UserError(f"--shards {n_out} is more than the {len(packs)} packs: give at most {len(packs)}")
+        given = f"--shards {n_out} is" if cfg.shards else f"the default --shards (one per input shard, {n_out}) is"
+        raise UserError(f"{given} more than the {len(packs)} packs: give --shards {len(packs)} or fewer")
     bounds = _shard_bounds(len(packs), n_out)
     names = [_out_name(i) for i in range(n_out)]
     todo = [i for i in range(n_out) if not (out / names[i]).is_file()]
@@ -196,7 +204,8 @@ def _plan(cfg: PackConfig, shards: ShardSet, out: Path, n_out: int, log: Callabl
     for i in todo:
         sel = packs[bounds[i] : bounds[i + 1]]
         dest[sel[sel >= 0]] = i
-    return _Plan(packs, width, stats, t_alg, len(strategy.combos), bounds, names, todo, dest)
+    packs_sha = hashlib.sha256(np.ascontiguousarray(packs).data).hexdigest()[:16]  # no copy: packs is contiguous
+    return _Plan(packs, width, stats, t_alg, len(strategy.combos), bounds, names, todo, dest, packs_sha)
 
 
 def _check_apart_from_shards(out: Path) -> None:
@@ -235,8 +244,30 @@ def _resume(out: Path, plan_id: str, log: Callable[[str], None]) -> dict[str, An
     if not same_plan and work.exists():
         shutil.rmtree(work)  # buckets of another plan are of no use
     work.mkdir(exist_ok=True)
-    plan_file.write_text(json.dumps({"plan_id": plan_id}))
+    if not same_plan:  # a same plan's file keeps the digest of its packs (_check_same_packs)
+        write_text(plan_file, json.dumps({"plan_id": plan_id}))
     return None
+
+
+def _check_same_packs(out: Path, plan: _Plan, plan_id: str) -> None:
+    """A UserError unless the packs this run computed are those its finished output shards were made from.
+
+    The plan is recomputed on a resume; the same inputs and settings give the same plan only with the same
+    code and libraries (nnlshp's least squares comes from scipy): another plan's shards beside this one's
+    would hold some sequences twice and others not at all. Buckets of another plan are remade."""
+    work = out / WORK_DIR
+    plan_file, meta_path = work / "plan.json", out / METADATA
+    known = read_json(plan_file).get("packs_sha") if plan_file.is_file() else None
+    if known is None and meta_path.is_file():
+        known = read_json(meta_path).get("packs_sha")
+    if known is not None and known != plan.packs_sha:
+        if len(plan.todo) < len(plan.names):
+            raise UserError(
+                f"{out} holds packed shards of another plan than this run computes from the same inputs and "
+                "settings (another version of bertforge, numpy or scipy?): delete it or choose another --out"
+            )
+        (work / "buckets.done").unlink(missing_ok=True)
+    write_text(plan_file, json.dumps({"plan_id": plan_id, "packs_sha": plan.packs_sha}))
 
 
 def _append_bucket(path: Path, rows: dict[str, list[np.ndarray]]) -> None:
@@ -367,6 +398,7 @@ def _write_metadata(cfg: PackConfig, shards: ShardSet, plan: _Plan, plan_id: str
         "input_shards": [p.name for p in shards.files],
         "shards": plan.names,
         "plan_id": plan_id,
+        "packs_sha": plan.packs_sha,
     }
     write_text(out / METADATA, json.dumps(meta, indent=2) + "\n")
     return meta
@@ -385,6 +417,7 @@ def pack_shards(cfg: PackConfig, log: Callable[[str], None] = print) -> dict[str
             return done
         try:
             plan = _plan(cfg, shards, out, n_out, log)
+            _check_same_packs(out, plan, plan_id)
             if plan.todo:
                 _bucket_rows(shards, plan.dest, plan.todo, out / WORK_DIR, cfg, log)
         except UserError:
