@@ -224,6 +224,9 @@ class Classifier(nn.Linear):
         self.loss_fn, self.pooled = loss_fn, pooled
         self.head, _ = _modern_head(config)
         self.mean_pool = config.modern and config.classifier_pooling == "mean"
+        # RoBERTa's classification head (fairseq, HF RobertaClassificationHead) drops the <s> vector before its
+        # dense + tanh (our pooler) as well as after it; BERT's pooler output is dropped once
+        self.drop_first = pooled and config.model_type == "roberta"
 
     # as SpanHead: the Linear Hugging Face names `classifier`, with the head interface as its forward
     def forward(  # type: ignore[override]
@@ -236,7 +239,8 @@ class Classifier(nn.Linear):
         elif pooler is None:
             raise ValueError("a pooled classifier needs the encoder's pooler (TaskHead.inputs names it)")
         else:
-            x = pooler(seq[:, 0])  # (B, H) from [CLS]
+            cls = seq[:, 0]  # (B, H)
+            x = pooler(self.dropout(cls) if self.drop_first else cls)  # (B, H) from [CLS]
         logits = super().forward(self.dropout(x))  # (B, L) or (B, T, L)
         loss = None if batch["labels"] is None else self.loss_fn(logits, batch["labels"])
         return ModelOutput(loss=loss, logits=logits)
