@@ -42,6 +42,7 @@ TOKENIZER_FILES = (
     "vocab.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "added_tokens.json",  # a slow tokenizer's added tokens: without it transformers splits them into word pieces
 )
 
 # Hugging Face architecture (config.json "architectures") -> our task head
@@ -156,6 +157,30 @@ def source_head(model, model_dir: Path) -> tuple[list[str] | None, str | None]:
     return label_names_of(raw), problem_type_from(raw, source) if same_head else None
 
 
+# heads of one kind: a classifier the checkpoint holds for one of them is the head the other would load
+_CLASSIFIERS = ({"classification", "regression"}, {"token_classification"})
+
+
+def check_num_labels(model_dir: Path, head: str, num_labels: int) -> None:
+    """`--num-labels` against the classifier the checkpoint already has for `head` (config.json's architectures):
+    a head of another label count cannot load its weights, and the loader's shape error would send the user to
+    config.json rather than to the flag."""
+    kind = next((k for k in _CLASSIFIERS if head in k), None)
+    try:
+        named = detect_head(model_dir)
+    except UserError:  # no head named: the loader finds out what the weights hold
+        return
+    if kind is None or named not in kind:
+        return
+    n = num_labels_from(read_config(model_dir), f"{model_dir}/config.json")
+    if n != num_labels:
+        raise UserError(
+            f"--num-labels {num_labels}: {model_dir} holds a trained head of {n} label(s), which a head of "
+            f"{num_labels} cannot load; leave --num-labels out to export that head (for a fresh head of another "
+            "count, export the bare encoder with --task embed first, then that with --init-head --num-labels)"
+        )
+
+
 def copy_tokenizer(src: Path, dst: Path) -> list[str]:
     copied = []
     for name in TOKENIZER_FILES:
@@ -170,9 +195,15 @@ def copy_sentence_transformers(src: Path, dst: Path) -> None:
     for name in ST_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
-    for sub in sorted({m.get("path", "") for m in st_modules(src)} - {""}):
-        if (src / sub).is_dir():
-            shutil.copytree(src / sub, dst / sub)
+    for sub in sorted({str(m.get("path") or "") for m in st_modules(src)} - {""}):
+        rel = Path(sub)
+        if rel.is_absolute() or ".." in rel.parts:  # dst / sub would be a directory outside the export
+            raise UserError(
+                f"{src / 'modules.json'}: module path {sub!r} is not inside the model directory; "
+                "fix modules.json (sentence-transformers writes names such as 1_Pooling)"
+            )
+        if rel.parts and (src / rel).is_dir():  # no parts: "." is the model directory itself, exported above
+            shutil.copytree(src / rel, dst / rel)
 
 
 def st_modules(model_dir: Path) -> list[dict[str, Any]]:
@@ -291,11 +322,16 @@ def save_encoder(model, config, out: Path, model_dir: Path) -> None:
     model's weights (ours is its classification head's dense layer, NAME_MAP), so it is copied from the source."""
     from safetensors.torch import save_file
 
-    from bertforge.model.hf_interop import _weights_file, hf_state_dict, normalise_keys, read_state_dict
+    from bertforge.model.hf_interop import _weights_file, hf_state_dict, normalise_keys, ours_to_hf, read_state_dict
 
     prefix, parts = ENCODER_PARTS[config.model_type]
     keep = tuple(prefix + p for p in parts)
-    sd = {k[len(prefix) :]: v for k, v in hf_state_dict(model).items() if k.startswith(keep)}
+    # a pooler the checkpoint lacks (a BertForMaskedLM's, a QA model's) was `load`'s fresh init: written out, a
+    # BertModel would load it without a word and answer pooler_output from random weights; left out, transformers
+    # says it is missing, as it does for the source
+    info = getattr(model, "hf_load_info", {})
+    fresh = {ours_to_hf(n, config.model_type, model.task) for n in info.get("initialised", [])}
+    sd = {k[len(prefix) :]: v for k, v in hf_state_dict(model).items() if k.startswith(keep) and k not in fresh}
     if not sd:  # transformers would fill an empty file with random weights, without a word
         raise RuntimeError(f"no {config.model_type} encoder weights under {keep}: the key table is out of date")
     if config.model_type == "roberta":  # else a RobertaModel's pooler_output came back from random weights
@@ -342,6 +378,8 @@ def export_hf(
     model_dir, out = Path(model_dir), Path(out)
     check_out(model_dir, out, force)
     head = resolve_head(model_dir, task)
+    if num_labels is not None:
+        check_num_labels(model_dir, head, num_labels)
     model, config = load(model_dir, head, init_head, seed, num_labels)
     with atomic_dir(out) as tmp:
         if head == ENCODER:
