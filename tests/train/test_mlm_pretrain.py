@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from bertforge.cli import main
@@ -162,3 +163,40 @@ def test_mrpc_fine_tunes_from_a_modernbert_we_pretrained(demo_mlm, tmp_path):
     batch = collate(enc, list(range(6)), 0, torch.device("cpu"), targets=False)  # padded: rows differ in length
     with torch.no_grad():
         torch.testing.assert_close(ours.eval()(**batch).logits, hf(**batch).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_random_words_come_from_the_datas_vocab_when_model_vocab_size_is_larger(demo_mlm, tmp_path):
+    """model.vocab_size set above the vocab (NVIDIA's 30528, ModernBERT's 50368) adds rows that are no token:
+    dynamic masking's random replacement words must be drawn from the data's vocab, as Google's masking draws
+    them, never from those rows (the loader drew up to the model's size)."""
+    import itertools
+
+    from bertforge.config import load_config
+    from bertforge.data.shardset import ShardSet
+    from bertforge.data.vocab import load_tokenizer, vocab_rows
+    from bertforge.runtime.distributed import DistInfo
+    from bertforge.train.loop import build_loader, resolve_vocab
+
+    rows = vocab_rows(load_tokenizer(demo_mlm / "vocab"))
+    sets = {"data.input_dir": demo_mlm / "shards_mlm", "data.vocab": demo_mlm / "vocab", "data.num_workers": 0}
+    sets.update({"data.mask_replace_prob": 0.0, "data.random_replace_prob": 1.0, "model.vocab_size": rows + 4096})
+    sets.update({"train.output_dir": tmp_path, "train.global_batch_size": 16, "train.micro_batch_size": 8})
+    cfg = load_config("pretrain", "demo_tiny_mlm_128", [f"{k}={v}" for k, v in sets.items()])
+    shards = ShardSet.open(cfg.data.input_dir)
+    data_rows, size, _ = resolve_vocab(cfg, shards)
+    assert (data_rows, size) == (rows, rows + 4096)
+    loader = build_loader(cfg, shards, DistInfo(), data_rows or size)
+    ids = torch.cat([b["input_ids"].flatten() for b in itertools.islice(loader.iterate(), 4)])
+    assert ids.max() < rows  # 4 x 8 rows x ~38 random words each: ~1,200 draws over rows + 4096 would land high
+
+
+def test_a_model_vocab_size_below_the_datas_vocab_is_refused(demo_mlm, tmp_path):
+    from bertforge.config import load_config
+    from bertforge.data.shardset import ShardSet
+    from bertforge.errors import UserError
+    from bertforge.train.loop import resolve_vocab
+
+    sets = {"data.input_dir": demo_mlm / "shards_mlm", "data.vocab": demo_mlm / "vocab", "model.vocab_size": 50}
+    cfg = load_config("pretrain", "demo_tiny_mlm_128", [f"{k}={v}" for k, v in sets.items()])
+    with pytest.raises(UserError, match="model.vocab_size 50 is smaller than the vocab of the data"):
+        resolve_vocab(cfg, ShardSet.open(cfg.data.input_dir))

@@ -86,7 +86,7 @@ def test_a_vocab_with_a_repeated_line_sizes_the_model_by_its_highest_id(shards, 
     tok = load_tokenizer(vocab)
     assert tok.get_vocab_size() == 8 and max(tok.encode("foo hello", add_special_tokens=False).ids) == 8
     cfg = _cfg(shards, tmp_path / "r", **{**SYNTHETIC, "data.vocab": str(vocab), "data.synthetic_vocab_size": 16})
-    assert resolve_vocab(cfg, None) == (9, vocab)
+    assert resolve_vocab(cfg, None) == (9, 9, vocab)
 
 
 def test_resume_with_other_lanes_on_as_many_processes_names_the_rows_per_update(shards, tmp_path):

@@ -91,14 +91,16 @@ class TrainState:
 
 
 # --------------------------------------------------------------------------------------------- pieces
-def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int, Path | None]:
-    """(vocab size, vocab file to ship with checkpoints) from data.vocab, the shards' manifest, or
-    model.vocab_size (synthetic data: data.synthetic_vocab_size)."""
+def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int | None, int, Path | None]:
+    """(the data's vocab rows, the model's vocab size, vocab file to ship with checkpoints) from data.vocab, the
+    shards' manifest, or model.vocab_size (synthetic data: data.synthetic_vocab_size). The data's rows bound the
+    loader's random MLM words: a model.vocab_size set above them (NVIDIA's 30528, ModernBERT's 50368) adds rows
+    that are no token, which Google's masking never draws. None: nothing records them (the model's size serves)."""
     source = cfg.data.vocab
     if source is None and shards is not None and shards.vocab_file is not None:
         source = str(shards.vocab_file)
     vocab_file = None
-    size = cfg.model.vocab_size
+    rows = None if shards is None else shards.vocab_size
     if source is not None:
         path = Path(source)
         if path.is_dir():
@@ -108,13 +110,19 @@ def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int, Pa
         if cfg.data.vocab is not None and shards is not None:
             shards.check_vocab(path)
         vocab_file = path
-        if size is None:
-            from bertforge.data.vocab import load_tokenizer, vocab_rows
+        from bertforge.data.vocab import load_tokenizer, vocab_rows
 
-            size = vocab_rows(load_tokenizer(path))
+        rows = vocab_rows(load_tokenizer(path))
+    size = cfg.model.vocab_size or rows
     if size is None:
-        size = cfg.data.synthetic_vocab_size if shards is None else (shards.vocab_size or 30522)
-    return size, vocab_file
+        size = cfg.data.synthetic_vocab_size if shards is None else 30522
+    if rows is not None and size < rows:
+        where = vocab_file or "the shards' manifest"
+        raise UserError(
+            f"model.vocab_size {size} is smaller than the vocab of the data ({rows} rows, {where}): its token ids "
+            f"would fall outside the embedding; set model.vocab_size to at least {rows}, or leave it unset"
+        )
+    return rows, size, vocab_file
 
 
 def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
@@ -348,6 +356,11 @@ def check_output_dir(
             )
     for name in (*RUN_OUTPUTS, "config.yaml"):  # not a traceback at the first save, after the training
         path, is_dir = out / name, name in _RUN_DIRS
+        if path.is_symlink() and not path.exists():
+            raise UserError(
+                f"{path} is a link to {path.readlink()}, which does not exist (storage not mounted here?); mount "
+                "it, remove the link, or choose another train.output_dir"
+            )
         if path.exists() and path.is_dir() != is_dir:
             raise UserError(
                 f"{path} is a {'file' if is_dir else 'directory'}, where the run writes its "
@@ -663,7 +676,7 @@ def restore(
     if found is not None:
         _check_objective(cfg, found)
         _load_weights(model, found.model_dir, found.resume_fix)
-        saved = found.load_state()
+        saved = found.load_state(require=ckpt.STATE_KEYS)
         _load_optimizer(optimizer, saved["optimizer"])
         if saved["scaler"] or not scaler.is_enabled():
             scaler.load_state_dict(saved["scaler"])
@@ -682,7 +695,7 @@ def restore(
         fix = "set train.init_checkpoint to a checkpoint written by `bertforge pretrain` from a source you trust"
         _check_objective(cfg, src)
         _load_weights(model, src.model_dir, fix)
-        saved = src.load_state(fix=fix)
+        saved = src.load_state(fix=fix, require=ckpt.STATE_KEYS)
         prev = TrainState.of(saved["train_state"], src.path)
         _check_finished(cfg.train.init_checkpoint, src, prev)
         if (name := _recorded(src.meta().get("config"), "optim.name")) in (None, cfg.optim.name):
@@ -750,8 +763,8 @@ def setup(
     info, device = ddp.init_distributed(cfg.train.device, cfg.train.ddp_timeout)
     precision = dev.resolve_precision(cfg.train.precision, device)
     shards = open_data(cfg, info)
-    vocab_size, vocab_file = resolve_vocab(cfg, shards)
-    loader = build_loader(cfg, shards, info, vocab_size)  # reads nothing yet: its workers start at the first step
+    data_rows, vocab_size, vocab_file = resolve_vocab(cfg, shards)
+    loader = build_loader(cfg, shards, info, data_rows or vocab_size)  # reads nothing yet (workers start at step 1)
     packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
     train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, dev.compiles_fast(device, info.distributed), packed)
     cfg = replace(cfg, train=train_cfg, optim=optim_cfg)  # auto settings made concrete, as config.yaml records
