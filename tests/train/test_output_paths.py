@@ -67,3 +67,14 @@ def test_profile_is_checked_against_the_steps_left_before_anything_is_written(sh
     assert not out.exists()
     assert main(["pretrain", "--profile", "2", *(x for s in sets for x in ("--set", s))]) == 0
     assert (out / "profile" / "step_parts.json").is_file()
+
+
+def test_a_checkpoints_link_to_storage_not_mounted_is_refused_at_start(shards, overrides, tmp_path, capsys):
+    """checkpoints/ linked to storage this node has not mounted: the run trained save_every steps, then died at the
+    first save."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoints").symlink_to(tmp_path / "not-mounted" / "ckpts")
+    assert _pretrain(overrides, shards, out) == 2
+    one_line(capsys.readouterr().err, f"{out / 'checkpoints'} is a link to", "which does not exist")
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints"]

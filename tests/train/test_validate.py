@@ -165,7 +165,8 @@ def test_a_damaged_model_safetensors_is_one_line_in_resume_and_export(shards, tm
     weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x07garbage" * 50)
     capsys.readouterr()
     assert main(_argv(overrides, shards, out, "--resume", **{"train.max_steps": 6})) == 2
-    one_line(capsys.readouterr().err, weights, "safetensors")
+    # --resume's advice: the checkpoint before it (not "restore it or export again")
+    one_line(capsys.readouterr().err, weights, "safetensors", f"delete {weights.parent.parent} to resume from")
     model_dir = weights.parent
     assert main(["export", "--model", str(model_dir), "--format", "hf", "--out", str(tmp_path / "exp")]) == 2
     one_line(capsys.readouterr().err, weights, "safetensors")

@@ -382,9 +382,11 @@ def read_state_dict(path: Path, fix: str = UNTRUSTED_FIX) -> dict[str, torch.Ten
         try:
             return load_file(str(path))
         except Exception as e:  # noqa: BLE001 - truncated or garbage: the file's problem, said in one line
+            # a caller's own advice (a resumed checkpoint's: delete it to resume from the one before) wins
+            advice = "restore or re-create it (an earlier checkpoint, or `bertforge export` again)"
             raise UserError(
-                f"{path}: not a readable safetensors file ({first_line(e)}); it is truncated or damaged: restore or "
-                "re-create it (an earlier checkpoint, or `bertforge export` again)"
+                f"{path}: not a readable safetensors file ({first_line(e)}); it is truncated or damaged: "
+                f"{advice if fix == UNTRUSTED_FIX else fix}"
             ) from None
     obj = load_weights_only(path, fix)
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):  # NVIDIA DeepLearningExamples .pt

@@ -31,12 +31,15 @@ import torch
 
 from bertforge.errors import UserError
 from bertforge.model.hf_interop import load_weights_only
-from bertforge.runtime.io import atomic_dir, read_json_object, remove_stale, temp_name
+from bertforge.runtime.io import atomic_dir, read_json_object, remove_stale, temp_name, writable_dir
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 STATE_FILE = "training_state.pt"
 META_FILE = "meta.json"
 MODEL_DIR = "model"
+
+STATE_KEYS = ("optimizer", "scaler", "rng", "train_state")
+"""What `bertforge pretrain` saves in training_state.pt (`loop.save`)."""
 
 
 @dataclass
@@ -56,10 +59,17 @@ class Checkpoint:
     def meta(self) -> dict[str, Any]:
         return read_json_object(self.path / META_FILE, self.resume_fix, label="checkpoint ")
 
-    def load_state(self, map_location: str | torch.device = "cpu", fix: str | None = None) -> dict[str, Any]:
-        """The training state, read without executing code (weights_only=True); a file that cannot be read is one
-        line with `fix` (default: `resume_fix`)."""
-        return load_weights_only(self.path / STATE_FILE, fix or self.resume_fix, map_location)
+    def load_state(
+        self, map_location: str | torch.device = "cpu", fix: str | None = None, require: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """The training state, read without executing code (weights_only=True); a file that cannot be read, or
+        that lacks a key of `require` (another tool's, hand-made: `STATE_KEYS` are what `bertforge pretrain`
+        writes), is one line with `fix` (default: `resume_fix`), not a KeyError once the weights are loaded."""
+        path, fix = self.path / STATE_FILE, fix or self.resume_fix
+        state = load_weights_only(path, fix, map_location)
+        if missing := [k for k in require if not isinstance(state, dict) or k not in state]:
+            raise UserError(f"{path} is not a training state of `bertforge pretrain` (no {', '.join(missing)}); {fix}")
+        return state
 
 
 def list_checkpoints(root: str | Path) -> list[Checkpoint]:
@@ -108,7 +118,9 @@ def save_checkpoint(
     data only); `meta` to meta.json. `_before_rename` is a test hook called between writing and renaming.
     """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    if not root.is_dir():  # created and probed, not a bare mkdir: a `checkpoints` symlink to storage not mounted on
+        # this node (dangling) raised FileExistsError's traceback after save_every steps; now one line naming it
+        writable_dir(root, "train.output_dir")
     remove_stale(root)  # left by a run killed mid-write
     final = root / f"step_{step:08d}"
     with atomic_dir(final) as tmp:  # the same step saved again (a re-run) replaces it
