@@ -35,8 +35,10 @@ same hours, and the whole spec takes as long as its slowest entry instead of the
 Long specs on a machine lent for a bounded time: `--json` is rewritten after every finished benchmark (or
 interleaved round), so a run killed from outside keeps what it measured; `--stop-after S` starts no benchmark
 after S seconds and reports the rest as not run; `--resume` reads the `--json` report of an earlier run of the
-same spec on the same machine kind and runs only what it lacks (entries that failed, did not finish, or whose
-params changed).
+same spec on the same machine kind (devices, CPU, thread count, torch) and the same git commit where both runs
+know theirs, and runs only what it lacks (entries that failed, did not finish, or whose params or warm-up
+changed). A ratio with a side that failed or stopped short has no value (`why` says which); one whose sides
+come from different runs says so (`across_runs`).
 """
 
 from __future__ import annotations
@@ -276,13 +278,21 @@ class _Runner:
         self.done = 0
         self.error: str | None = None
 
+    def call(self) -> dict[str, float] | None:
+        """One call of the benchmark. torch's thread count is put back after it: a callable with a `threads`
+        parameter sets it for the whole process, and every later entry ran (and the report said) that many."""
+        from bertforge import device as dev
+
+        with dev.threads(None):
+            return self.fn(**self.b.params)
+
     def warmup(self) -> None:
         for _ in range(self.b.warmup):
-            self.fn(**self.b.params)
+            self.call()
 
     def once(self) -> None:
         t0 = time.perf_counter()
-        metrics = self.fn(**self.b.params) or {}
+        metrics = self.call() or {}
         metrics = {"wall_s": time.perf_counter() - t0, **{k: float(v) for k, v in metrics.items()}}
         for k, v in metrics.items():
             self.samples.setdefault(k, []).append(v)
@@ -307,6 +317,7 @@ class _Runner:
             "name": self.b.name,
             "fn": self.b.fn,
             "params": self.b.params,
+            "warmup": self.b.warmup,  # --resume keeps an entry only when measured after as many untimed calls
             "metrics": {k: summarise(v) for k, v in self.samples.items()},
             "samples": self.samples,
         }
@@ -332,18 +343,39 @@ class SetupCache:
         return self.items[key]
 
 
+def _unusable(res: dict[str, Any]) -> str | None:
+    """Why an entry's medians cannot stand for it (a failed or time-limited entry keeps the samples it took
+    before it stopped), or None."""
+    if res.get("error"):
+        return "failed"
+    if res.get("not_run"):
+        return "was not run"
+    if res.get("incomplete"):
+        return f"stopped after {min((s['n'] for s in res['metrics'].values()), default=0)} of its repeats"
+    return None
+
+
 def compute_ratio(r: RatioSpec, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    try:
-        num = results[r.num]["metrics"][r.metric]["median"]
-        den = results[r.den]["metrics"][r.metric]["median"]
-    except KeyError:
-        return {**dataclasses.asdict(r), "value": None, "met": None}
-    value = num / den if den else float("inf")
+    """The ratio of the two sides' medians, or value None with `why` when a side failed, stopped short of its
+    repeats or lacks the metric (a ratio of a failed baseline's partial samples used to be reported as met)."""
+    unmeasured = {**dataclasses.asdict(r), "value": None, "met": None}
+    for side in (r.num, r.den):
+        if why := _unusable(results[side]):
+            return {**unmeasured, "why": f"{side} {why}"}
+        if r.metric not in results[side]["metrics"]:
+            return {**unmeasured, "why": f"{side} reported no {r.metric}"}
+    num = results[r.num]["metrics"][r.metric]["median"]
+    den = results[r.den]["metrics"][r.metric]["median"]
+    if not den:  # 0/0 read as an infinite speed-up, "met"
+        return {**unmeasured, "why": f"{r.den}'s {r.metric} is 0"}
+    value = num / den
     met = None
     if r.target is not None:
         met = value <= r.target if r.lower_is_better else value >= r.target
     out = {**dataclasses.asdict(r), "value": value, "met": met}
     same_run = results[r.num].get("kept_from") == results[r.den].get("kept_from")
+    if not same_run:  # --resume: one side kept from an earlier run (same spec, machine kind and commit)
+        out["across_runs"] = True
     if results[r.num].get("interleaved") and results[r.den].get("interleaved") and same_run:
         # round i of the numerator ran next to round i of the denominator: their ratio cancels slow drifts
         pairs = [a / b for a, b in zip(results[r.num]["samples"][r.metric], results[r.den]["samples"][r.metric]) if b]
@@ -360,12 +392,55 @@ def machine() -> dict[str, Any]:
 
     return {
         "cpu": dev.cpu_model(),
+        "cpu_id": cpu_id(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "bertforge": __version__,
+        "commit": source_commit(),
         "python": platform.python_version(),
         "devices": [d["name"] for d in dev.available_devices()],
     }
+
+
+def cpu_id() -> str | None:
+    """The CPU's family and model numbers and whether it has native bf16: a VM's model name can be just "AMD
+    EPYC" on Zen 3 and Zen 4 alike (docs/BENCHMARKS.md), whose bf16 speeds differ by 400x. None off Linux."""
+    from bertforge import device as dev
+
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+            if not line.strip() and fields:  # the first processor's block is enough
+                break
+    if len(fields) < 2:
+        return None
+    bf16 = "native bf16" if dev.cpu_has_native_bf16() else "no native bf16"
+    return f"family {fields['cpu family']} model {fields['model']}, {bf16}"
+
+
+def source_commit() -> str | None:
+    """The git commit of the bertforge source that runs (short hash, `-dirty` with uncommitted changes to tracked
+    files), or None outside a git checkout (an installed wheel, a copied tree): the version number stays the same
+    across commits that change what a benchmark measures."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():  # not a checkout: git would answer for whatever repository encloses it
+        return None
+    git = ["git", "-C", str(root)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):  # no git installed, or a stuck filesystem
+        return None
+    if head.returncode or not head.stdout.strip():
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
 def run_spec(
@@ -394,17 +469,18 @@ def run_spec(
         raise UserError("a spec runs either interleaved or concurrent, not both")
     for b in spec.benchmarks:  # a misspelt parameter of the last entry fails now, not after hours of the others
         check_params(b, spec.path, strict=b in selected)  # before --resume compares params: 1e-3 as the float
-    kept = _kept_results(previous, spec.benchmarks) if previous else {}
+    kept = _kept_results(previous, spec.benchmarks, concurrent) if previous else {}
     for name, res in kept.items():
         if any(b.name == name for b in selected):
             progress(f"{name}: kept from the earlier run of {res['kept_from']}")
     runners = [_Runner(b, progress) for b in selected if b.name not in kept]
     clock = _Clock(stop_after)
-    date = _dt.datetime.now().isoformat(timespec="seconds")
+    date = _dt.datetime.now().astimezone().isoformat(timespec="seconds")  # with its UTC offset: true anywhere
+    measured_on = machine()  # at the start: the commit whose code runs, not one checked out during the run
 
     def update() -> None:
         if on_update:
-            on_update(_report(spec, selected, kept, runners, date, interleave, concurrent))
+            on_update(_report(spec, selected, kept, runners, date, interleave, concurrent, measured_on))
 
     if concurrent:  # all start at once: the time limit can only keep them from starting at all
         if not clock.up():
@@ -413,7 +489,7 @@ def run_spec(
             _run_concurrent(runners, update)
     else:
         (_run_interleaved if interleave else _run_in_turn)(runners, clock, progress, update)
-    report = _report(spec, selected, kept, runners, date, interleave, concurrent)
+    report = _report(spec, selected, kept, runners, date, interleave, concurrent, measured_on)
     if report["not_run"]:
         progress(f"stopped at --stop-after {stop_after} s; not run: {', '.join(report['not_run'])}")
     return report
@@ -462,18 +538,26 @@ def _run_interleaved(
         update()
 
 
-def _kept_results(previous: dict[str, Any], benches: list[BenchSpec]) -> dict[str, dict[str, Any]]:
-    """The earlier report's entries that finished every repeat without error, with this spec's fn and params
-    (those that --only leaves out stay in the report too)."""
+def _kept_results(
+    previous: dict[str, Any], benches: list[BenchSpec], concurrent: bool = False
+) -> dict[str, dict[str, Any]]:
+    """The earlier report's entries that finished every repeat without error, with this spec's fn, params and
+    warm-up, measured alone or concurrently as this run measures (those that --only leaves out stay in the
+    report too)."""
     wanted = {b.name: b for b in benches}
     kept = {}
     for res in previous.get("results", []):
         b = wanted.get(res.get("name"))
         if b is None or res.get("error") or res.get("fn") != b.fn or res.get("params") != b.params:
             continue
+        if res.get("warmup", b.warmup) != b.warmup:  # a raised warm-up: the old medians may hold compilation
+            continue
+        if bool(res.get("concurrent")) != concurrent:  # sharing the machine with the other entries, or not
+            continue
         repeats = min((s["n"] for s in res.get("metrics", {}).values()), default=0)
         if repeats >= b.repeat:  # every repeat finished (not stopped at a time limit)
-            kept[b.name] = {**res, "kept_from": res.get("kept_from", previous.get("date", "?"))}
+            commit = res.get("commit", previous.get("machine", {}).get("commit"))
+            kept[b.name] = {**res, "kept_from": res.get("kept_from", previous.get("date", "?")), "commit": commit}
     return kept
 
 
@@ -485,6 +569,7 @@ def _report(
     date: str,
     interleave: bool,
     concurrent: bool,
+    measured_on: dict[str, Any],
 ) -> dict[str, Any]:
     ran = {r.b.name: r for r in runners}
     chosen = {b.name for b in selected}
@@ -509,7 +594,7 @@ def _report(
         "title": spec.title,
         "spec": str(spec.path),
         "date": date,
-        "machine": machine(),
+        "machine": measured_on,
         "results": list(results.values()),
         "ratios": ratios,
         "not_run": [n for n, res in results.items() if res.get("not_run") or res.get("incomplete")],
@@ -528,7 +613,9 @@ def check_resumable(previous: dict[str, Any], spec: Spec, path: str) -> None:
             f"--resume: {path} is a report of {previous.get('spec')}, not of {spec.path}; choose another --json"
         )
     then, now = previous.get("machine", {}), machine()
-    for key in ("devices", "torch", "cpu"):
+    for key in ("devices", "torch", "cpu", "cpu_id", "threads", "commit"):
+        if key in ("cpu_id", "commit") and (then.get(key) is None or now[key] is None):
+            continue  # an older report, another OS, or a tree without git (a lent machine's copy): nothing to compare
         if then.get(key) != now[key]:
             raise UserError(
                 f"--resume: {path} was measured with {key} {then.get(key)!r}, this machine has {now[key]!r}; "
@@ -602,11 +689,13 @@ def _fmt(v: float) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
+    cpu = f"{m['cpu']} ({m['cpu_id']})" if m.get("cpu_id") else m["cpu"]
     lines = [
         f"### {report['title']}",
         "",
-        f"{report['date']} · {m['cpu']} · {m['threads']} threads · torch {m['torch']} · bertforge {m['bertforge']}"
-        f" · devices: {', '.join(m['devices'])}"
+        f"{report['date']} · {cpu} · {m['threads']} threads · torch {m['torch']} · bertforge {m['bertforge']}"
+        + (f" (commit {m['commit']})" if m.get("commit") else "")
+        + f" · devices: {', '.join(m['devices'])}"
         + (
             " · concurrent: every benchmark in its own process, at once"
             if any(r.get("concurrent") for r in report["results"])
@@ -618,7 +707,9 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for res in report["results"]:
         if res.get("error"):
-            lines.append(f"| {res['name']} | **failed** | {res['error'][:120]} | | | |")
+            # one table row: a child's traceback in the message (newlines, `|`) used to break the table
+            error = " ".join(res["error"].split())[:120].replace("|", "\\|")
+            lines.append(f"| {res['name']} | **failed** | {error} | | | |")
         elif res.get("not_run"):
             lines.append(f"| {res['name']} | **not run** | time limit (--stop-after) | | | |")
         elif res.get("incomplete"):
@@ -627,13 +718,21 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(
                 f"| {res['name']} | {metric} | {_fmt(s['median'])} | {_fmt(s['min'])} | {_fmt(s['max'])} | {s['n']} |"
             )
-    kept = sorted({f"{r['name']} ({r['kept_from']})" for r in report["results"] if r.get("kept_from")})
+    kept = sorted(
+        {
+            f"{r['name']} ({r['kept_from']}{', commit ' + r['commit'] if r.get('commit') else ''})"
+            for r in report["results"]
+            if r.get("kept_from")
+        }
+    )
     if kept:
         lines += ["", f"Kept from earlier runs of this spec (--resume): {', '.join(kept)}."]
     if report["ratios"]:
         lines += ["", "| ratio | = | metric | value | target | met |", "|---|---|---|---|---|---|"]
         for r in report["ratios"]:
-            value = "n/a" if r["value"] is None else f"{r['value']:.2f}×"
+            value = f"n/a ({r['why']})" if r.get("why") else "n/a" if r["value"] is None else f"{r['value']:.2f}×"
+            if r.get("across_runs"):
+                value += " (sides from different runs)"
             if r.get("paired"):
                 pr = r["paired"]
                 value += f" (paired {pr['median']:.2f}×, {pr['min']:.2f}–{pr['max']:.2f})"

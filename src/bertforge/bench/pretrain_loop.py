@@ -153,10 +153,20 @@ def loop(
         env = dict(os.environ)
         if cold_compile:
             env |= {"TORCHINDUCTOR_CACHE_DIR": f"{out}/inductor", "TRITON_CACHE_DIR": f"{out}/triton"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:  # its message is the whole command line: the cause was cut off in tables
+            raise RuntimeError(
+                f"bertforge pretrain did not finish within timeout_s={timeout_s:g} s (stopped); raise timeout_s "
+                "or lower steps"
+            ) from None
         wall = time.perf_counter() - t0
         if proc.returncode:
-            raise RuntimeError(f"bertforge pretrain failed ({proc.returncode}): {proc.stderr[-3000:]}")
+            # the child's one-line error is its last line: first, since a report's table shows a message's start
+            last = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.strip()), "(no output)")
+            raise RuntimeError(
+                f"bertforge pretrain failed ({proc.returncode}): {last.strip()} -- stderr's end: {proc.stderr[-3000:]}"
+            )
         rows = [r for r in read_jsonl(Path(out) / "metrics.jsonl") if "seq_per_s" in r]
         summary = json.loads((Path(out) / "summary.json").read_text())
         if curve:
@@ -170,11 +180,17 @@ def loop(
 
 
 def summarise(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, float]:
-    """Medians of the logged windows after the warm-up steps (at least 50 steps' worth is the spec's rule)."""
+    """Medians of the logged windows after the warm-up steps (at least 50 steps' worth is the spec's rule). A
+    logged row is a window since the row before it: only windows that start after the warm-up count (with
+    log_every 10 and 8 warm-up steps, the row of step 10 also timed steps 1..8, compilation included)."""
     step = lambda r: r.get("step_in_phase", r["step"])  # noqa: E731 (the phase-local step where logged)
-    after = [r for r in rows if step(r) > warmup_steps]
+    starts = [0, *(step(r) for r in rows[:-1])]  # the step each logged window starts after
+    measured = [(start, r) for start, r in zip(starts, rows) if start >= warmup_steps]
+    after = [r for _, r in measured]
     if not after:
-        raise UserError(f"no logged step after the {warmup_steps} warm-up steps; raise steps")
+        raise UserError(
+            f"no logged window starts after the {warmup_steps} warm-up steps; raise steps (or lower log_every)"
+        )
     med = {
         k: statistics.median(float(r[k]) for r in after if r.get(k) is not None)
         for k in ("seq_per_s", "tokens_per_s", "rows_per_s", "mfu", "data_wait", "peak_mem_gb")
@@ -185,12 +201,12 @@ def summarise(rows: list[dict[str, Any]], warmup_steps: int) -> dict[str, float]
     per_update = [
         float(r["rows_per_s"]) * float(r["window_s"]) / (step(r) - step(prev))
         for prev, r in zip(rows, rows[1:])
-        if step(r) > warmup_steps and "window_s" in r
+        if step(prev) >= warmup_steps and "window_s" in r
     ]
     return {
         **med,
         **({"rows_per_update": statistics.median(per_update)} if per_update else {}),
-        "steps_measured": float(step(after[-1]) - warmup_steps),
+        "steps_measured": float(step(after[-1]) - measured[0][0]),
         "final_loss": float(after[-1]["loss"]),
     }
 
@@ -213,6 +229,8 @@ def hf_loop(
     from bertforge.model import BertConfig
     from bertforge.model.flops import flops_per_sequence
 
+    if steps <= warmup_steps:  # else a median of no steps, after building the model
+        raise UserError(f"hf_loop: steps {steps} must exceed warmup_steps {warmup_steps}: no step would be timed")
     where = dev.resolve_device(device)
     precision = dev.resolve_precision(precision, where)
     config = BertConfig.from_preset(preset, vocab_size=30522, max_position_embeddings=512)
@@ -245,14 +263,15 @@ def hf_loop(
     seq_per_s = micro_batch / step_s
     mean_len = sum(tokens) / len(tokens) / micro_batch
     flops = flops_per_sequence(config, mean_len, sum(masked) / len(masked) / micro_batch)
-    peak = dev.max_memory_allocated(where) / 2**30
+    # the CPU tracks no peak: reported as 0 GB it read as measured; `loop` leaves it out there too
+    peak = {} if where.type == "cpu" else {"peak_mem_gb": dev.max_memory_allocated(where) / 2**30}
     del model, opt  # hand the device memory back: the next entry's child process needs it
     dev.empty_cache(where)
     return {
         "seq_per_s": seq_per_s,
         "tokens_per_s": seq_per_s * mean_len,
         "mfu": flops * seq_per_s / dev.peak_flops(where, precision),
-        "peak_mem_gb": peak,
+        **peak,
         "step_ms": 1000 * step_s,
     }
 
@@ -270,7 +289,10 @@ def compare_curves(
     |loss difference| over the logged windows after `skip_steps` (each logged loss is already a window's mean).
     A fast run tracks the reference when it is no farther from it than the other seed is (`<name>_over_band`
     ≤ 1). Also draws every curve to `png`."""
-    curves = {Path(p).stem: _losses(p) for p in (reference, noise, *fast)}
+    paths = (reference, noise, *fast)
+    if len({Path(p).stem for p in paths}) < len(paths):  # one name would stand for two curves (a band of 0)
+        raise UserError(f"compare_curves: {', '.join(paths)}: give each curve its own file name (it names its results)")
+    curves = {Path(p).stem: _losses(p) for p in paths}
     ref = curves[Path(reference).stem]
     band = _distance(ref, curves[Path(noise).stem], skip_steps)
     out = {"band": band, "reference_final_loss": ref[max(ref)]}
