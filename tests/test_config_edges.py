@@ -169,8 +169,8 @@ def test_modernbert_pretraining_presets_are_the_papers_recipe(size, lr, batch):
         o = cfg.optim
         assert (o.name, o.schedule, o.decay_shape) == ("adamw", "wsd", "1-sqrt")
         assert (o.beta1, o.beta2, o.eps) == (0.9, 0.98, 1e-6)
-        # StableAdamW's decoupled 1e-5 per update = torch AdamW's weight_decay x peak lr
-        assert o.weight_decay * o.lr == pytest.approx(1e-5, rel=0.01)
+        # StableAdamW's decoupled 1e-5 per update = torch AdamW's weight_decay x peak lr (large's phase 2: 1e-6)
+        assert o.weight_decay * o.lr == pytest.approx(1e-6 if (size, cfg) == ("large", two) else 1e-5, rel=0.01)
     assert (one.optim.lr, one.train.global_batch_size, one.optim.decay) == (lr, batch, 0.0)
     assert (one.model.global_rope_theta, two.model.global_rope_theta) == (10000.0, 160000.0)
     assert two.train.init_checkpoint == one.train.output_dir
