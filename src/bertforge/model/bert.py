@@ -136,7 +136,7 @@ class ModernEmbeddings(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
         self.norm = _norm(config)
-        self.drop = Dropout(config.hidden_dropout_prob)
+        self.drop = Dropout(config.embedding_dropout_rate)
 
     @property
     def tokens(self) -> nn.Embedding:

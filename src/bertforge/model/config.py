@@ -65,6 +65,8 @@ MODEL_PRESETS: dict[str, ModelSize] = {
 }
 
 MODEL_TYPES = ("bert", "roberta", "modernbert")
+# every dropout rate of the config; the last two may be None (follow hidden_dropout_prob)
+DROPOUT_FIELDS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "embedding_dropout")
 # read by ModernBERT only; BERT/RoBERTa config.json files do not carry them
 MODERN_FIELDS = (
     "norm_bias",
@@ -79,6 +81,7 @@ MODERN_FIELDS = (
     "global_rope_theta",
     "local_rope_theta",
     "initializer_cutoff_factor",
+    "embedding_dropout",
 )
 
 
@@ -99,9 +102,13 @@ class BertConfig:
     hidden_act: str = "gelu"
     """Feed-forward activation; BERT uses the exact (erf) GELU."""
     hidden_dropout_prob: float = 0.1
-    """Dropout on embeddings and sub-layer outputs."""
+    """Dropout on embeddings and sub-layer outputs (ModernBERT: inside the MLP, its config.json's mlp_dropout)."""
     attention_probs_dropout_prob: float = 0.1
-    """Dropout on attention probabilities."""
+    """Dropout on attention probabilities (ModernBERT: and on the attention output, its attention_dropout)."""
+    classifier_dropout: float | None = None
+    """Dropout of the task heads before their output layer (sequence and token classification; ModernBERT's
+    question answering too), Hugging Face's field of the same name; None: hidden_dropout_prob, as transformers'
+    BERT and RoBERTa heads read a null. Use `classifier_dropout_rate`."""
     max_position_embeddings: int = 512
     """Learned position embeddings (RoBERTa: max length + padding_idx + 1)."""
     type_vocab_size: int = 2
@@ -139,6 +146,9 @@ class BertConfig:
     """Rotary base of the local layers."""
     initializer_cutoff_factor: float = 2.0
     """The init's truncated normal is cut at this many standard deviations (transformers' name and default)."""
+    embedding_dropout: float | None = None
+    """Dropout on the embeddings' output (transformers' name); None: hidden_dropout_prob, as BERT's embeddings.
+    Use `embedding_dropout_rate`."""
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -147,9 +157,15 @@ class BertConfig:
         for name in (*sizes, "max_position_embeddings", "type_vocab_size"):
             if getattr(self, name) < 1:  # before the division below, and before torch builds empty tensors
                 raise ConfigError(f"{name} must be at least 1, not {getattr(self, name)}")
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be in [0, 1), not {getattr(self, name)}")
+        for name in DROPOUT_FIELDS:
+            rate = getattr(self, name)
+            if rate is None and name in ("classifier_dropout", "embedding_dropout"):
+                continue  # follows hidden_dropout_prob
+            # a bool is an int to Python, never a rate; a string would fail the comparison with a TypeError
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+                raise ConfigError(f"{name} must be a number in [0, 1), not {rate!r}")
+            if not 0 <= rate < 1:
+                raise ConfigError(f"{name} must be in [0, 1), not {rate}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
@@ -166,6 +182,17 @@ class BertConfig:
             raise ConfigError(f"initializer_cutoff_factor must be > 0, not {self.initializer_cutoff_factor}")
         if self.classifier_pooling not in ("cls", "mean"):
             raise ConfigError(f"classifier_pooling must be cls or mean, not {self.classifier_pooling!r}")
+
+    @property
+    def classifier_dropout_rate(self) -> float:
+        """The rate of the task heads' dropout: classifier_dropout, or hidden_dropout_prob when it is None."""
+        return self.hidden_dropout_prob if self.classifier_dropout is None else self.classifier_dropout
+
+    @property
+    def embedding_dropout_rate(self) -> float:
+        """The rate of the embeddings' dropout: embedding_dropout (ModernBERT), or hidden_dropout_prob."""
+        rate = self.embedding_dropout if self.modern else None
+        return self.hidden_dropout_prob if rate is None else rate
 
     @property
     def modern(self) -> bool:

@@ -170,11 +170,11 @@ def _slot_scores(name: str, logits, target, valid, ignore_index: int) -> dict[st
 
 
 def _modern_head(config: BertConfig) -> tuple[nn.Module | None, nn.Module]:
-    """ModernBERT's task heads start with the prediction head (`head`: dense, act, norm) and dropout; BERT's
-    have neither (None, identity)."""
+    """ModernBERT's task heads start with the prediction head (`head`: dense, act, norm) and dropout (at
+    classifier_dropout, as transformers' ModernBert*For* heads); BERT's have neither (None, identity)."""
     if not config.modern:
         return None, nn.Identity()
-    return Transform(config), Dropout(config.hidden_dropout_prob)
+    return Transform(config), Dropout(config.classifier_dropout_rate)
 
 
 class SpanHead(nn.Linear):
@@ -220,7 +220,8 @@ class Classifier(nn.Linear):
 
     def __init__(self, config: BertConfig, num_labels: int, loss_fn: Callable, pooled: bool):
         super().__init__(config.hidden_size, num_labels)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        # classifier_dropout, else the hidden rate: transformers' BERT/RoBERTa heads and ModernBERT's read it
+        self.dropout = Dropout(config.classifier_dropout_rate)
         self.loss_fn, self.pooled = loss_fn, pooled
         self.head, _ = _modern_head(config)
         self.mean_pool = config.modern and config.classifier_pooling == "mean"

@@ -128,8 +128,8 @@ OTHER_HEADS = {
 _QKV = re.compile(r"^(.*\.layer\.\d+\.attention\.)self\.(query|key|value)\.(weight|bias)$")
 _OUR_QKV = re.compile(r"^(.*\.layer\.\d+\.attention\.)qkv\.(weight|bias)$")
 _ENCODER = ("bert.embeddings.", "bert.encoder.", "bert.final_norm.")
-# ModernBERT config.json names of BertConfig fields (the rest are spelled alike). HF has three dropout rates
-# where we have two: the hidden one is written to embedding_dropout, mlp_dropout and classifier_dropout.
+# ModernBERT config.json names of BertConfig fields (the rest are spelled alike, embedding_dropout and
+# classifier_dropout among them: HF's four dropout rates are four fields here).
 MODERN_RENAMES = {
     "hidden_act": "hidden_activation",
     "layer_norm_eps": "norm_eps",
@@ -154,6 +154,9 @@ HF_MODERN_DEFAULTS: dict[str, Any] = {
     "attention_probs_dropout_prob": 0.0,
     "pad_token_id": 50283,
     "classifier_pooling": "cls",
+    # None in BertConfig (follow hidden_dropout_prob, as BERT does); transformers' ModernBERT has no such rule
+    "embedding_dropout": 0.0,
+    "classifier_dropout": 0.0,
 }
 
 
@@ -336,8 +339,9 @@ def _modern_to_hf(config: BertConfig) -> dict[str, Any]:
     out = {hf: getattr(config, ours) for ours, hf in MODERN_RENAMES.items()}
     rope = {"full_attention": config.global_rope_theta, "sliding_attention": config.local_rope_theta}
     out.update(
-        embedding_dropout=config.hidden_dropout_prob,
-        classifier_dropout=config.hidden_dropout_prob,
+        # transformers' ModernBERT reads no null rate: the rates in use are written
+        embedding_dropout=config.embedding_dropout_rate,
+        classifier_dropout=config.classifier_dropout_rate,
         layer_types=config.layer_types,
         rope_parameters={k: {"rope_type": "default", "rope_theta": v} for k, v in rope.items()},
         bos_token_id=None,
@@ -494,13 +498,20 @@ def load_pretrained(
     `allow_missing_head`: heads (and the pooler) absent from the checkpoint keep their fresh init (fine-tuning
     from a pre-trained encoder); encoder weights must always be present. `reinit_mismatched_head`: so do head
     weights of another shape (fine-tuning a model fine-tuned for another label count). `config_overrides`:
-    BertConfig fields to replace (dropout rates for fine-tuning, a ModernBERT's global rotary base).
+    BertConfig fields to replace (dropout rates for fine-tuning, a ModernBERT's global rotary base). A
+    hidden_dropout_prob also replaces a ModernBERT's embedding_dropout (unless given too); classifier_dropout stays
+    the file's (a null follows the hidden rate, as in transformers).
     """
     path = Path(path)
     raw, cfile = read_config(path)
     config = config_from_hf({**raw, **(config_overrides or {})}, str(cfile))
     if config_overrides:  # ours win over any spelling in the file (a ModernBERT's rope_parameters included)
-        config = BertConfig(**{**config.to_dict(), **config_overrides})
+        overrides = dict(config_overrides)
+        if config.modern and "hidden_dropout_prob" in overrides:
+            # the hidden rate is the embeddings' too (model.hidden_dropout: "embeddings and sub-layer outputs"),
+            # as in BERT; a ModernBERT config.json states its embedding_dropout, which would keep the file's rate
+            overrides.setdefault("embedding_dropout", None)
+        config = BertConfig(**{**config.to_dict(), **overrides})
     wfile = _weights_file(path)
     sd = normalise_keys(read_state_dict(wfile), config.model_type)
     rows = _word_rows(sd, config.model_type, wfile)
