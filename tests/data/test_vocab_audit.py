@@ -71,15 +71,17 @@ def test_shards_are_rebuilt_when_the_vocab_directory_changes_casing(tmp_path, ti
     argv = ["data", "shards", "--docs", str(tiny_corpus), "--vocab", str(vocab), "--out", str(shards),
             "--shards", "1", "--dupe-factor", "1", "--workers", "1"]  # fmt: skip
     assert main(["data", "vocab", "--from", str(src), "--out", str(vocab)]) == 0
-    before = vocab_hash(vocab)
     assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "already finished" in capsys.readouterr().out  # the same vocab: kept
     assert main(["data", "vocab", "--from", str(src), "--out", str(vocab), "--uncased"]) == 0
     assert (vocab / "vocab.txt").read_bytes() == src.read_bytes()  # the same tokens: only tokenizer.json differs
-    assert vocab_hash(vocab) != before
     capsys.readouterr()
     assert main(argv) == 0
     assert "already finished" not in capsys.readouterr().out  # rebuilt with the uncased tokenizer, not kept
-    assert json.loads((shards / "manifest.json").read_text())["vocab_sha256"] == vocab_hash(vocab)
+    # the manifest still records the vocab.txt's hash, as shards built before did (eval shards pair with them)
+    assert json.loads((shards / "manifest.json").read_text())["vocab_sha256"] == vocab_hash(vocab / "vocab.txt")
     # the same through the vocab.txt of the directory (`--vocab DIR/vocab.txt` reads the tokenizer.json beside it)
     argv[argv.index(str(vocab))] = str(vocab / "vocab.txt")
     assert main(argv) == 0  # built once through the file
@@ -117,3 +119,50 @@ def test_a_checkpoint_of_a_vocab_with_a_repeated_line_is_saved_as_it_was_read(tm
     want = [2, 7, 6, 7, 8, 3]  # the last "hello" line's id, as Google's and Hugging Face's readers take it
     assert load_tokenizer(model).encode("hello world hellos").ids == want
     assert BertTokenizerFast.from_pretrained(str(model))("hello world hellos")["input_ids"] == want
+
+
+def test_a_tokenizer_config_decides_a_vocab_txts_casing_as_transformers_reads_it(tmp_path):
+    """A Hugging Face model directory whose tokenizer_config.json says do_lower_case false beside a lower-casing
+    tokenizer.json: transformers' BertTokenizer(Fast) rebuilds the normalizer from the config, so its vocab.txt
+    reads cased."""
+    from transformers import AutoTokenizer
+
+    src = _write(tmp_path / "hand" / "vocab.txt", CASED)
+    d = tmp_path / "model"
+    assert main(["data", "vocab", "--from", str(src), "--out", str(d), "--uncased"]) == 0
+    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": False}))
+    want = AutoTokenizer.from_pretrained(str(d)).tokenize("Paris")
+    assert load_tokenizer(d / "vocab.txt").encode("Paris", add_special_tokens=False).tokens == want == ["Paris"]
+
+
+def test_shards_of_an_unchanged_vocab_hash_as_before(tmp_path):
+    """The params hash of shards built from a `data vocab` directory is what it was before the casing fix (no
+    one-time rebuild of every existing shard directory): the casing enters it only where the vocab.txt alone
+    would be read with another."""
+    from bertforge.data.vocab import casing_beyond_hash
+
+    src = _write(tmp_path / "hand" / "vocab.txt", CASED)
+    d = tmp_path / "v"
+    assert main(["data", "vocab", "--from", str(src), "--out", str(d)]) == 0
+    for given in (d, d / "vocab.txt"):
+        assert casing_beyond_hash(given, load_tokenizer(given)) is None
+    assert vocab_hash(d) == vocab_hash(d / "vocab.txt")  # a directory hashes as its vocab.txt, as before
+    assert main(["data", "vocab", "--from", str(src), "--out", str(d), "--uncased"]) == 0
+    assert casing_beyond_hash(d, load_tokenizer(d)) == "lowercase=True,strip_accents=True"
+
+
+def test_a_moved_vocab_directory_is_still_the_shards_vocab(tmp_path, tiny_corpus):
+    """check_vocab given a directory looked for vocab.txt in the directory's parent: a vocab directory moved away
+    from the path the manifest names was refused as another vocab."""
+    import shutil
+
+    from bertforge.data.shardset import ShardSet
+
+    src = _write(tmp_path / "hand" / "vocab.txt", [*CASED, "Document", "document", "talks", "about"])
+    vocab, shards = tmp_path / "v", tmp_path / "shards"
+    assert main(["data", "vocab", "--from", str(src), "--out", str(vocab)]) == 0
+    argv = ["data", "shards", "--docs", str(tiny_corpus), "--vocab", str(vocab), "--out", str(shards),
+            "--shards", "1", "--dupe-factor", "1", "--workers", "1"]  # fmt: skip
+    assert main(argv) == 0
+    moved = shutil.move(vocab, tmp_path / "elsewhere")
+    ShardSet.open(shards).check_vocab(moved)

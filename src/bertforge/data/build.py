@@ -395,10 +395,15 @@ def _entry(out: Path, job: Job, docs: int, tokens: int, skipped: bool = False, s
 
 
 # ------------------------------------------------------------------------------------------- the driver
-def params_hash(params: ShardsConfig, vocab_sha: str, docs_sig: str, lowercase: bool | None = None) -> str:
+def params_hash(
+    params: ShardsConfig, vocab_sha: str, docs_sig: str, lowercase: bool | None = None, casing: str | None = None
+) -> str:
+    """`casing`: `casing_beyond_hash`'s, the casing of a tokenizer.json that the vocab.txt's hash does not cover."""
     what: dict[str, Any] = {"params": params.content(), "vocab": vocab_sha, "docs": docs_sig}
     if lowercase is not None:  # --cased/--uncased over the vocab's own casing (None: the vocab's; hashes unchanged)
         what["lowercase"] = lowercase
+    if casing is not None:  # None where the vocab.txt alone gives the same: hashes unchanged
+        what["casing"] = casing
     blob = json.dumps(what, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -484,19 +489,17 @@ def _run_shards(
     files: list[Path], vocab, out: Path, ev: Path | None, params: ShardsConfig, lowercase: bool | None, log
 ) -> dict[str, Any]:
     from bertforge.data.vocab import (
+        casing_beyond_hash,
         load_tokenizer,
         special_ids,
-        tokenizer_file,
         tokenizer_model,
-        tokenizer_source,
         vocab_hash,
     )
 
     # load once here to fail early on a bad vocab (the workers load their own copy)
     tok = load_tokenizer(vocab, lowercase)
-    # the hash of the file the tokenizer is read from: a vocab.txt's casing is its tokenizer.json's, which `data
-    # vocab --from ... --uncased` rewrites beside the same vocab.txt (shards of the old casing would be kept)
-    vocab_sha256 = vocab_hash(vocab if lowercase is not None else tokenizer_source(tokenizer_file(Path(vocab))))
+    vocab_sha256 = vocab_hash(vocab)
+    casing = None if lowercase is not None else casing_beyond_hash(vocab, tok)  # a rewritten tokenizer.json's
     vocab_info = {
         "vocab": str(Path(vocab).resolve()),
         "vocab_sha256": vocab_sha256,
@@ -505,7 +508,7 @@ def _run_shards(
         "tokenizer_model": tokenizer_model(tok),
     }
     del tok
-    phash = params_hash(params, vocab_sha256, _docs_signature(files), lowercase)
+    phash = params_hash(params, vocab_sha256, _docs_signature(files), lowercase, casing)
 
     t0 = time.perf_counter()
     # hidden `.spill.tmp-PID`: the next run's remove_stale deletes it when this one is killed

@@ -99,14 +99,14 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None, cache
     """A `tokenizers.Tokenizer` from a vocab.txt, a tokenizer.json, or a directory holding one (a model
     directory too): the one tokenizer loader of bertforge (data, pretraining, fine-tuning, serving).
 
-    A directory prefers tokenizer.json. For a vocab.txt, `lowercase=None` takes the tokenizer.json beside it
-    when that holds the same tokens (what `data vocab` wrote with it, or a Hugging Face model directory's), else
-    `do_lower_case` from a tokenizer_config.json beside it, else guesses from the file name ("uncased"/"cased")
-    and then from the tokens. A tokenizer.json carries its own normalizer, so `lowercase` is ignored for it.
-    Truncation and padding are off (a sentence-transformers tokenizer.json pads and cuts to 128; windows and
-    padding are the caller's). The vocab must contain [CLS], [SEP] and [MASK] (or <s>, </s>, <mask>), and the
-    unknown-word token its model names ([UNK]). `cache=True` returns one shared tokenizer per file and setting
-    (the shard workers': do not modify it).
+    A directory prefers tokenizer.json. For a vocab.txt, `lowercase=None` takes `do_lower_case` from a
+    tokenizer_config.json beside it (Hugging Face model directories, as transformers reads them), else the
+    tokenizer.json beside it when that holds the same tokens (what `data vocab` wrote with it), else guesses from
+    the file name ("uncased"/"cased") and then from the tokens. A tokenizer.json carries its own normalizer, so
+    `lowercase` is ignored for it. Truncation and padding are off (a sentence-transformers tokenizer.json pads
+    and cuts to 128; windows and padding are the caller's). The vocab must contain [CLS], [SEP] and [MASK] (or
+    <s>, </s>, <mask>), and the unknown-word token its model names ([UNK]). `cache=True` returns one shared
+    tokenizer per file and setting (the shard workers': do not modify it).
     """
     path = tokenizer_file(Path(path))
     if cache:
@@ -115,10 +115,11 @@ def load_tokenizer(path: str | os.PathLike, lowercase: bool | None = None, cache
         if key not in _LOADED:
             _LOADED[key] = load_tokenizer(path, lowercase)
         return _LOADED[key]
-    if lowercase is None and path.suffix != ".json":
+    if lowercase is None and path.suffix != ".json" and _config_lowercase(path.parent) is None:
         # the casing `data vocab --cased/--uncased` chose is in the tokenizer.json written beside the vocab.txt;
         # a guess from the tokens could differ, and shards would then be built with another tokenizer than
-        # the one checkpoints ship (`save_hf_tokenizer` takes that tokenizer.json too)
+        # the one checkpoints ship (`save_hf_tokenizer` takes that tokenizer.json too). A tokenizer_config.json's
+        # do_lower_case still decides first: transformers' BertTokenizer(Fast) rebuilds the normalizer from it
         path = tokenizer_source(path)
     if path.suffix == ".json":
         try:
@@ -210,10 +211,37 @@ def tokenizer_model(tok: Tokenizer) -> str:
 
 
 def vocab_hash(path: str | os.PathLike) -> str:
-    """sha256 of the vocab file; of a directory's tokenizer.json, else its vocab.txt: the file `load_tokenizer`
-    reads, so a tokenizer.json rewritten with another casing beside the same vocab.txt (`data vocab --from
-    --uncased`) changes the hash, and shards built with the old one are rebuilt rather than kept."""
-    return hashlib.sha256(tokenizer_file(Path(path)).read_bytes()).hexdigest()
+    """sha256 of the vocab file (of vocab.txt/tokenizer.json when given a directory)."""
+    path = Path(path)
+    if path.is_dir():
+        path = next(p for p in (path / "vocab.txt", path / "tokenizer.json") if p.is_file())
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def casing_beyond_hash(path: str | os.PathLike, tok: Tokenizer) -> str | None:
+    """The casing of `tok` (loaded from `path` without --cased/--uncased) where `vocab_hash(path)` cannot see it:
+    a vocab.txt (or a directory's) read through the tokenizer.json beside it with another casing than the
+    vocab.txt alone gives. `data vocab --from X --uncased` rewrites only that tokenizer.json, so shards keyed on
+    the vocab's hash alone would be kept with the old casing. None where they agree: hashes stay as they were."""
+    path = Path(path)
+    txt = path / "vocab.txt" if path.is_dir() else path
+    if txt.suffix == ".json" or not txt.is_file() or not isinstance(tok.model, models.WordPiece):
+        return None
+    vocab = read_vocab_txt(txt)
+    config = _config_lowercase(txt.parent)
+    alone = wordpiece_from_vocab(vocab, _guess_lowercase(txt, vocab) if config is None else config)
+    ours, theirs = _casing(tok), _casing(alone)
+    return None if ours == theirs or ours is None else f"lowercase={ours[0]},strip_accents={ours[1]}"
+
+
+def _casing(tok: Tokenizer) -> tuple[bool, bool] | None:
+    """(lower-cases, strips accents) of a BERT normalizer (strip_accents None follows lowercase, as in HF)."""
+    norm = json.loads(tok.to_str()).get("normalizer") or {}
+    if norm.get("type") != "BertNormalizer":
+        return None
+    lower = bool(norm.get("lowercase", True))
+    strip = norm.get("strip_accents")
+    return lower, lower if strip is None else bool(strip)
 
 
 def save_tokenizer(tok: Tokenizer, out_dir: str | os.PathLike, vocab_txt: Path | None = None) -> Path:
