@@ -400,14 +400,16 @@ class PretrainLoader:
         num_workers: int = 2,
         prefetch: int = 4,
         chunk_rows: int = 2048,
-        vocab_size: int = 30522,
+        vocab_size: int | None = None,
         max_pred: int | None = None,
         pack_per_row: int = 0,
         mlm_probability: float | None = None,
         mask_split: tuple[float, float] = REPLACE_SPLIT,
     ) -> PretrainLoader:
-        """`directory`: a shard directory or its `ShardSet`. `mlm_probability` and `mask_split`: the masking
-        rate (None: the shards' own) and replacement split of shards masked here (see `masking_overrides`)."""
+        """`directory`: a shard directory or its `ShardSet`. `vocab_size`: the data's vocab rows, the bound of
+        dynamic masking's random words and of the id check (None: `data_vocab_size`). `mlm_probability` and
+        `mask_split`: the masking rate (None: the shards' own) and replacement split of shards masked here (see
+        `masking_overrides`)."""
         shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
         if pack_per_row and shards.kind not in LOADER_MASKED:
             from bertforge.errors import ConfigError
@@ -426,7 +428,7 @@ class PretrainLoader:
             micro_batch=micro_batch,
             seed=seed,
             chunk_rows=chunk_rows,
-            vocab_size=vocab_size,
+            vocab_size=data_vocab_size(shards, vocab_size),
             pack_per_row=pack_per_row,
             max_pred=max_pred,
             masking=masking_overrides(shards, mlm_probability, mask_split),
@@ -523,6 +525,15 @@ def _spec(
     )
 
 
+def data_vocab_size(shards: ShardSet, vocab_size: int | None) -> int:
+    """`vocab_size` when given, else the vocab the shards record (manifest, a dynamic shard's attribute), else
+    BERT's 30522. A fixed 30522 drew dynamic masking's random words past a smaller data vocab: ids that a model
+    sized from the shards has no embedding for (an IndexError at the first step of a caller that left it out)."""
+    if vocab_size is not None:
+        return vocab_size
+    return shards.vocab_size or 30522
+
+
 def masking_overrides(
     shards: ShardSet, mlm_probability: float | None, mask_split: tuple[float, float] = REPLACE_SPLIT
 ) -> dict[str, Any]:
@@ -564,14 +575,14 @@ def eval_batches(
     rank: int = 0,
     world_size: int = 1,
     max_batches: int | None = None,
-    vocab_size: int = 30522,
+    vocab_size: int | None = None,
     seed: int = 0,
     mlm_probability: float | None = None,
     mask_split: tuple[float, float] = REPLACE_SPLIT,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Held-out batches in file order (no shuffle), rank r taking batches r, r+W, … (for periodic evaluation).
     Eval shards masked here are masked with a fixed seed, so every evaluation sees the same masks, at the
-    training run's rate and split."""
+    training run's rate and split; `vocab_size` as in `PretrainLoader.from_dir`."""
     shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
     spec = _spec(
         shards,
@@ -581,7 +592,7 @@ def eval_batches(
         micro_batch=batch_size,
         seed=seed,
         shuffle=False,
-        vocab_size=vocab_size,
+        vocab_size=data_vocab_size(shards, vocab_size),
     )
     reader = LaneReader(spec, 0)
     total = -(-reader.epoch_rows // batch_size)

@@ -185,8 +185,8 @@ def open_shard(path: Path):
 
 
 def _not_the_file(path: str | os.PathLike, e: BaseException) -> str | None:
-    """The message for an error that is not the shard's fault (permissions, the process's open-file limit):
-    told that the file is corrupt, a user would delete a good shard."""
+    """The message for an error that is not the shard's fault (permissions, the process's open-file limit, a
+    file gone or locked): told that the file is corrupt, a user would delete a good shard."""
     code = getattr(e, "errno", None)
     if code in (errno.EMFILE, errno.ENFILE):
         return (
@@ -195,6 +195,16 @@ def _not_the_file(path: str | os.PathLike, e: BaseException) -> str | None:
         )
     if code in (errno.EACCES, errno.EPERM):
         return f"cannot read shard {path}: permission denied; give this user read access to it"
+    if code == errno.ENOENT:  # listed at start-up, gone when a lane reached it
+        return f"shard {path} no longer exists (moved or deleted during the run); restore the file"
+    # HDF5 locks a file it opens: a writer's lock, or a file system without locks (NFS without lockd: ENOLCK)
+    if code == errno.EAGAIN:
+        return f"cannot open shard {path}: another process holds it open for writing; wait for it to finish"
+    if code in (errno.ENOLCK, errno.ENOSYS):
+        return (
+            f"cannot lock shard {path} for reading ({first_line(e)}): its file system has no file locks; "
+            "set HDF5_USE_FILE_LOCKING=FALSE in the environment"
+        )
     return None
 
 
@@ -539,11 +549,10 @@ class ShardSet:
         from bertforge.data.vocab import load_tokenizer, vocab_hash
 
         given = Path(vocab_file)
+        home = given if given.is_dir() else given.parent
         # vocab.txt and tokenizer.json of one directory are one vocab written twice; the manifest names either
         if any(
-            vocab_hash(p) == self.vocab_sha
-            for p in {given, given.parent / "vocab.txt", given.parent / "tokenizer.json"}
-            if p.is_file()
+            vocab_hash(p) == self.vocab_sha for p in {given, home / "vocab.txt", home / "tokenizer.json"} if p.is_file()
         ):
             return
         recorded = self.vocab_file
