@@ -172,3 +172,24 @@ def test_remaking_a_deleted_shard_refuses_another_plan(tmp_path, monkeypatch):
     merged = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     assert sequences_of_packed(merged) == sequences_of_unpacked(data)
     assert json.loads((out / pk.METADATA).read_text())["packs_sha"] == meta["packs_sha"]
+
+
+@pytest.mark.parametrize("algorithm", ["nnlshp", "lpfhp"])
+def test_an_unfinished_run_of_an_earlier_version_without_a_packs_digest(tmp_path, monkeypatch, algorithm):
+    """An interrupted directory written before packs_sha existed: nnlshp's rounding has changed since, so its
+    plan cannot be trusted to match and the run is refused (nothing written is lost); a greedy plan (unchanged)
+    goes on."""
+    src = tmp_path / "in"
+    write_input_shards(src, n_shards=2, rows=80)
+    out = tmp_path / "out"
+    cfg = pk.PackConfig(str(src), str(out), algorithm, 2, seed=1, shards=3)
+    crash_in_pass_2b(cfg, monkeypatch)
+    monkeypatch.undo()
+    plan_file = out / pk.WORK_DIR / "plan.json"
+    plan_file.write_text(json.dumps({"plan_id": json.loads(plan_file.read_text())["plan_id"]}))  # as written before
+    if algorithm == "nnlshp":
+        with pytest.raises(UserError, match="unfinished nnlshp run of an earlier bertforge"):
+            pk.pack_shards(cfg, log=lambda m: None)
+        assert len(list(out.glob("packed_*.hdf5"))) == 1
+    else:
+        assert pk.pack_shards(cfg, log=lambda m: None)["packs"] > 0
