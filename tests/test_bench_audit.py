@@ -80,7 +80,7 @@ SPEC = (
 
 def test_resume_refuses_a_report_of_another_commit_cpu_or_thread_count(tmp_path, monkeypatch, capsys):
     """The CPU's model name alone ("AMD EPYC") is the same on the Zen 3 and the Zen 4 that served as one VM."""
-    monkeypatch.setattr(harness, "source_commit", lambda: "abc123", raising=False)
+    monkeypatch.setattr(harness, "source_version", lambda: {"commit": "abc123", "source": "tree1"}, raising=False)
     monkeypatch.setattr(harness, "cpu_id", lambda: "family 25 model 17, native bf16", raising=False)
     spec, out = tmp_path / "spec.yml", tmp_path / "r.json"
     spec.write_text(SPEC)
@@ -89,14 +89,14 @@ def test_resume_refuses_a_report_of_another_commit_cpu_or_thread_count(tmp_path,
     assert report["machine"]["commit"] == "abc123" and "(commit abc123)" in harness.markdown(report)
     assert "AMD" not in report["machine"]["cpu_id"] and "(family 25 model 17, native bf16)" in harness.markdown(report)
     other_cpu = ("cpu_id", "family 25 model 1, no native bf16")
-    for key, value in (("commit", "fed456"), ("threads", report["machine"]["threads"] + 1), other_cpu):
+    for key, value in (("source", "tree2"), ("threads", report["machine"]["threads"] + 1), other_cpu):
         changed = json.loads(json.dumps(report))
         changed["machine"][key] = value
         out.write_text(json.dumps(changed))
         assert _bench(spec, out, "--resume") == 2
         assert f"measured with {key}" in capsys.readouterr().err
     unknown = json.loads(json.dumps(report))
-    unknown["machine"]["commit"] = None  # measured where the tree had no git (a lent machine's copy)
+    unknown["machine"].update(commit=None, source=None)  # measured where the tree had no git (a lent machine's copy)
     out.write_text(json.dumps(unknown))
     assert _bench(spec, out, "--resume") == 0
     kept, ran = json.loads(out.read_text())["results"]
@@ -127,10 +127,12 @@ def test_the_commit_is_the_checkouts(tmp_path):
 
     root = Path(harness.__file__).resolve().parents[3]
     if not (root / ".git").exists():
-        assert harness.source_commit() is None
+        assert harness.source_version() == {"commit": None, "source": None}
         return
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-    assert head.startswith(harness.source_commit().removesuffix("-dirty"))
+    tree = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD:src"], capture_output=True, text=True).stdout
+    version = harness.source_version()
+    assert head.startswith(version["commit"]) and tree.startswith(version["source"].removesuffix("-dirty"))
 
 
 # ---------------------------------------------------------------------------------------- pretrain_loop

@@ -396,7 +396,7 @@ def machine() -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "bertforge": __version__,
-        "commit": source_commit(),
+        **source_version(),
         "python": platform.python_version(),
         "devices": [d["name"] for d in dev.available_devices()],
     }
@@ -421,26 +421,28 @@ def cpu_id() -> str | None:
     return f"family {fields['cpu family']} model {fields['model']}, {bf16}"
 
 
-def source_commit() -> str | None:
-    """The git commit of the bertforge source that runs (short hash, `-dirty` with uncommitted changes to tracked
-    files), or None outside a git checkout (an installed wheel, a copied tree): the version number stays the same
-    across commits that change what a benchmark measures."""
+def source_version() -> dict[str, str | None]:
+    """`commit`: the checkout's HEAD (short hash), for the reader; `source`: the tree of its src/ (short hash),
+    `-dirty` when tracked files under src/ have uncommitted changes: what `--resume` compares, so that a report or
+    a doc committed between two calls does not refuse the resume, and code that changed does. Both None outside a
+    git checkout (an installed wheel, a lent machine's copy of the tree): the version number stays the same across
+    commits that change what a benchmark measures."""
     import subprocess
 
     root = Path(__file__).resolve().parents[3]
     if not (root / ".git").exists():  # not a checkout: git would answer for whatever repository encloses it
-        return None
-    git = ["git", "-C", str(root)]
-    try:
-        head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=30)
-        dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError):  # no git installed, or a stuck filesystem
-        return None
-    if head.returncode or not head.stdout.strip():
-        return None
-    return head.stdout.strip() + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+        return {"commit": None, "source": None}
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):  # no git installed, or a stuck filesystem
+            return None
+        return done.stdout.strip() or None if done.returncode == 0 else None
+
+    tree = git("rev-parse", "--short=12", "HEAD:src")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "src")
+    return {"commit": git("rev-parse", "--short=12", "HEAD"), "source": tree and tree + ("-dirty" if dirty else "")}
 
 
 def run_spec(
@@ -613,9 +615,11 @@ def check_resumable(previous: dict[str, Any], spec: Spec, path: str) -> None:
             f"--resume: {path} is a report of {previous.get('spec')}, not of {spec.path}; choose another --json"
         )
     then, now = previous.get("machine", {}), machine()
-    for key in ("devices", "torch", "cpu", "cpu_id", "threads", "commit"):
-        if key in ("cpu_id", "commit") and (then.get(key) is None or now[key] is None):
+    for key in ("devices", "torch", "cpu", "cpu_id", "threads", "source"):
+        if key in ("cpu_id", "source") and (then.get(key) is None or now[key] is None):
             continue  # an older report, another OS, or a tree without git (a lent machine's copy): nothing to compare
+        if key == "threads" and "cpu_id" not in then:
+            continue  # a report from before: an entry's own thread count (threads: 1) was recorded as the machine's
         if then.get(key) != now[key]:
             raise UserError(
                 f"--resume: {path} was measured with {key} {then.get(key)!r}, this machine has {now[key]!r}; "
