@@ -140,3 +140,18 @@ def test_after_the_fall_back_bf16_gets_its_own_non_finite_tries(shards, tmp_path
     extra = {"train.max_steps": 2, "train.save_every": 0, "train.fp8_fallback_after": 3, "train.max_nonfinite_steps": 3}
     summary = loop.run_pretrain(_fp8_config(shards, tmp_path / "run", overrides, **extra))
     assert summary["step"] == 2 and summary["skipped_steps"] == 3
+
+
+def test_a_token_count_scaled_mm_cannot_take_is_refused_at_start(tmp_path, overrides, monkeypatch):
+    """micro-batch x seq_len rows not in multiples of 16 (3 x 30 here) stopped an H100 run in its first backward
+    (torch._scaled_mm's weight gradient); it is one line at start-up."""
+    from tests.train.conftest import make_shards
+
+    from bertforge.errors import UserError
+    from bertforge.train import loop
+
+    monkeypatch.setattr(fp8, "fp8_usable", lambda device: True)  # an FP8 GPU, as far as the checks go
+    shards = make_shards(tmp_path / "s30", seq_len=30)
+    sets = {"train.fp8_emulate": False, "train.micro_batch_size": 3, "train.global_batch_size": 6}
+    with pytest.raises(UserError, match=r"train.fp8 needs train.micro_batch_size x the rows' seq_len .* not 3 x 30"):
+        loop.run_pretrain(_fp8_config(shards, tmp_path / "run", overrides, **sets))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bertforge.model.bert import encoder_layers
+
 MIN_WIDTH = 256
 
 
@@ -37,11 +39,27 @@ def _eligible(module: nn.Module, fqn: str) -> bool:
 
 
 def convert(model: nn.Module, emulate: bool = False) -> int:
-    """Swap eligible nn.Linear layers for torchao Float8Linear in place; returns how many were swapped."""
+    """Swap eligible nn.Linear layers for torchao Float8Linear in place; returns how many were swapped.
+
+    The weight gradient's matmul (grad_output^T @ input) runs over the layer's rows, and `torch._scaled_mm` on
+    CUDA needs that inner dimension in multiples of 16. An encoder layer's rows are the batch's tokens (fixed
+    shapes under FP8, `step.wants_segments`); the pooler's are its sequences (micro-batch x NSP slots) and the
+    MLM transform's its masked slots, which any micro-batch size can give: pretrain_large_512's micro-batch of 8
+    hands the pooler 8 rows. Those layers pad the inner dimensions to 16 (torchao's `pad_inner_dim`, zeros that
+    add nothing to the product); the encoder's layers, where the copy would cost on every matmul, do not."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
-    convert_to_float8_training(model, module_filter_fn=_eligible, config=Float8LinearConfig(emulate=emulate))
+    in_layers = {id(m) for layer in encoder_layers(model, "convert to FP8") for m in layer.modules()}
+    for padded in (False, True):
+
+        def pick(module: nn.Module, fqn: str, padded: bool = padded) -> bool:
+            if isinstance(module, Float8Linear):  # a subclass of nn.Linear: converted by the first pass
+                return False
+            return _eligible(module, fqn) and (id(module) not in in_layers) == padded
+
+        config = Float8LinearConfig(emulate=emulate, pad_inner_dim=padded)
+        convert_to_float8_training(model, module_filter_fn=pick, config=config)
     return sum(isinstance(m, Float8Linear) for m in model.modules())
 
 
