@@ -43,6 +43,7 @@ def test_old_and_new_key_together_names_the_file_once(tmp_path):
     [
         # the loader's workers died on it naming `bertforge pack --max-per-pack`, or it read as packing asked for
         ("pretrain", ["data.pack_per_row=-1"], "data.pack_per_row must be >= 0 (0: no packing), got -1"),
+        ("pretrain", ["data.pack_per_row=128"], "data.pack_per_row must be at most 127 (input_mask is int8), got 128"),
         # BertConfig's message, without the key, once the shards were opened
         ("pretrain", ["model.max_position_embeddings=0"], "model.max_position_embeddings must be >= 1"),
         # an unset variable in `--set output_dir=$DIR`: the chain wrote docs/, vocab/ and shards/ into the cwd

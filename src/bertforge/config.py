@@ -346,8 +346,9 @@ def resolve_auto(train: _Train, optim: _Optim, fast: bool, packed: bool) -> tupl
     """`train.compile`, `train.cuda_graphs` and `optim.compile` left at auto (None) made true or false for a
     run, before anything reads them: on where the H100 loop measured a win (docs/pretraining.md), which `fast`
     says (pre-training on one CUDA device that can compile), off elsewhere and for the model under activation
-    checkpointing; CUDA graphs only where every step has the same shapes (`packed` rows, or padded rows under
-    sdpa). What a user set stays as set."""
+    checkpointing; CUDA graphs only where every step has the same shapes (`packed` shards' rows, or padded rows
+    under sdpa; not rows packed on the fly by data.pack_per_row, whose number varies from batch to batch). What a
+    user set stays as set."""
     model_fast = fast and not train.activation_checkpointing  # recompute under compile: not measured on a GPU
     compile = model_fast if train.compile is None else train.compile
     graphs = train.cuda_graphs

@@ -69,5 +69,5 @@ def test_an_untrusted_init_checkpoint_is_one_line(shards, overrides, tmp_path, c
     assert main(["pretrain", *(x for s in sets for x in ("--set", s))]) == 2
     err = "\n".join(x for x in capsys.readouterr().err.splitlines() if not x.startswith("warning: "))
     assert len(err.splitlines()) == 1, err
-    _checks(err, c.path / ckpt.STATE_FILE, marker, "set train.init_checkpoint to a checkpoint written by")
+    _checks(err, c.path / ckpt.STATE_FILE, marker, "set train.init_checkpoint to an intact checkpoint of")
     assert "delete" not in err

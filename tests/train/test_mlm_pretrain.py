@@ -165,29 +165,30 @@ def test_mrpc_fine_tunes_from_a_modernbert_we_pretrained(demo_mlm, tmp_path):
         torch.testing.assert_close(ours.eval()(**batch).logits, hf(**batch).logits, atol=1e-5, rtol=1e-4)
 
 
-def test_random_words_come_from_the_datas_vocab_when_model_vocab_size_is_larger(demo_mlm, tmp_path):
+def test_random_words_come_from_the_datas_vocab_when_model_vocab_size_is_larger(demo_mlm, tmp_path, monkeypatch):
     """model.vocab_size set above the vocab (NVIDIA's 30528, ModernBERT's 50368) adds rows that are no token:
-    dynamic masking's random replacement words must be drawn from the data's vocab, as Google's masking draws
-    them, never from those rows (the loader drew up to the model's size)."""
+    dynamic masking's random replacement words, in training and in evaluation, must be drawn from the data's
+    vocab, as Google's masking draws them, never from those rows (the loader drew up to the model's size)."""
     import itertools
 
-    from bertforge.config import load_config
-    from bertforge.data.shardset import ShardSet
     from bertforge.data.vocab import load_tokenizer, vocab_rows
-    from bertforge.runtime.distributed import DistInfo
-    from bertforge.train.loop import build_loader, resolve_vocab
+    from bertforge.train import loop
 
     rows = vocab_rows(load_tokenizer(demo_mlm / "vocab"))
-    sets = {"data.input_dir": demo_mlm / "shards_mlm", "data.vocab": demo_mlm / "vocab", "data.num_workers": 0}
-    sets.update({"data.mask_replace_prob": 0.0, "data.random_replace_prob": 1.0, "model.vocab_size": rows + 4096})
-    sets.update({"train.output_dir": tmp_path, "train.global_batch_size": 16, "train.micro_batch_size": 8})
-    cfg = load_config("pretrain", "demo_tiny_mlm_128", [f"{k}={v}" for k, v in sets.items()])
-    shards = ShardSet.open(cfg.data.input_dir)
-    data_rows, size, _ = resolve_vocab(cfg, shards)
-    assert (data_rows, size) == (rows, rows + 4096)
-    loader = build_loader(cfg, shards, DistInfo(), data_rows or size)
-    ids = torch.cat([b["input_ids"].flatten() for b in itertools.islice(loader.iterate(), 4)])
-    assert ids.max() < rows  # 4 x 8 rows x ~38 random words each: ~1,200 draws over rows + 4096 would land high
+    runs, real_setup = [], loop.setup
+    monkeypatch.setattr(loop, "setup", lambda *a, **k: runs.append(real_setup(*a, **k)) or runs[-1])
+    seen: list[torch.Tensor] = []
+    real_eval = loop.eval_batches
+    monkeypatch.setattr(
+        loop, "eval_batches", lambda *a, **k: (seen.append(x["input_ids"]) or x for x in real_eval(*a, **k))
+    )
+    random_only = ("data.mask_replace_prob=0.0", "data.random_replace_prob=1.0")  # in evaluation too
+    extra = (*random_only, f"model.vocab_size={rows + 4096}", "train.max_steps=1")
+    assert _pretrain(demo_mlm, tmp_path / "run", *extra, "train.eval_every=1", "train.save_every=0") == 0
+    run = runs[0]
+    assert run.bert_cfg.vocab_size >= rows + 4096 and run.vocab_size == rows  # padded to a multiple of 8
+    ids = torch.cat([b["input_ids"].flatten() for b in itertools.islice(run.loader.iterate(), 4)])
+    assert seen and ids.max() < rows and max(int(b.max()) for b in seen) < rows  # ~1,200 draws, were up to rows + 4096
 
 
 def test_a_model_vocab_size_below_the_datas_vocab_is_refused(demo_mlm, tmp_path):
@@ -200,3 +201,16 @@ def test_a_model_vocab_size_below_the_datas_vocab_is_refused(demo_mlm, tmp_path)
     cfg = load_config("pretrain", "demo_tiny_mlm_128", [f"{k}={v}" for k, v in sets.items()])
     with pytest.raises(UserError, match="model.vocab_size 50 is smaller than the vocab of the data"):
         resolve_vocab(cfg, ShardSet.open(cfg.data.input_dir))
+
+
+def test_rows_packed_on_the_fly_do_not_count_as_fixed_shapes(demo_mlm, tmp_path, monkeypatch):
+    """data.pack_per_row packs each micro-batch's sequences into as many rows as they need, a number that varies
+    from batch to batch: `auto` must not capture CUDA graphs for it as for packed shards' fixed rows (each new
+    shape would be compiled and recorded again)."""
+    from bertforge.train import loop
+
+    seen = []
+    real = loop.resolve_auto
+    monkeypatch.setattr(loop, "resolve_auto", lambda *a: seen.append(a[3]) or real(*a))
+    assert _pretrain(demo_mlm, tmp_path / "run", "data.pack_per_row=2", "train.max_steps=1", "train.save_every=0") == 0
+    assert seen == [False]

@@ -89,6 +89,8 @@ class PretrainDataConfig:
         refuse_empty_paths(self, "data.", ["eval_dir", "vocab"])
         if self.pack_per_row < 0:  # else the loader's workers fail on it, naming `bertforge pack`'s --max-per-pack
             raise ConfigError(f"data.pack_per_row must be >= 0 (0: no packing), got {self.pack_per_row}")
+        if self.pack_per_row > 127:  # input_mask holds each token's sequence index as int8 (DESIGN §3.3)
+            raise ConfigError(f"data.pack_per_row must be at most 127 (input_mask is int8), got {self.pack_per_row}")
         from bertforge.data.instances import REPLACE_SPLIT, check_replace_split
         from bertforge.data.synthetic import check_params
 

@@ -438,6 +438,7 @@ class Run:
     """The bare model (what checkpoints save)."""
     bert_cfg: Any
     vocab_size: int
+    """The data's vocab rows: the bound of dynamic masking's random words (the model may have more rows)."""
     vocab_file: Path | None
     step: TrainStep
     loader: Any
@@ -692,7 +693,7 @@ def restore(
     if cfg.train.init_checkpoint:
         src = ckpt.find_checkpoint(cfg.train.init_checkpoint)
         # not this run's: deleting it would not help, and an untrusted file must never be loaded unsafely
-        fix = "set train.init_checkpoint to a checkpoint written by `bertforge pretrain` from a source you trust"
+        fix = "set train.init_checkpoint to an intact checkpoint of `bertforge pretrain` from a source you trust"
         _check_objective(cfg, src)
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix, require=ckpt.STATE_KEYS)
@@ -765,8 +766,8 @@ def setup(
     shards = open_data(cfg, info)
     data_rows, vocab_size, vocab_file = resolve_vocab(cfg, shards)
     loader = build_loader(cfg, shards, info, data_rows or vocab_size)  # reads nothing yet (workers start at step 1)
-    packed = "packed" in loader.kind or cfg.data.pack_per_row > 0
-    train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, dev.compiles_fast(device, info.distributed), packed)
+    packed, fixed = "packed" in loader.kind or cfg.data.pack_per_row > 0, "packed" in loader.kind  # see resolve_auto
+    train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, dev.compiles_fast(device, info.distributed), fixed)
     cfg = replace(cfg, train=train_cfg, optim=optim_cfg)  # auto settings made concrete, as config.yaml records
     t, o = cfg.train, cfg.optim
     dev.check_compile_toolchain(device, compile_keys(t, o))
@@ -776,7 +777,7 @@ def setup(
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
     model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, model_rows(cfg, vocab_size, found)), info)
     model.to(device)
-    guard = _enter_fp8(cfg, model, device, precision, info)
+    guard = _enter_fp8(cfg, model, device, precision, info, shards.seq_len if shards else loader.seq_len)
     optimizer = optimizer_for(model, o, device.type)
     scaler = dev.grad_scaler(device, precision)
     state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
@@ -812,7 +813,7 @@ def setup(
         precision,
         model,
         bert_cfg,
-        vocab_size,
+        data_rows or vocab_size,
         vocab_file,
         step,
         loader,
@@ -831,7 +832,7 @@ def setup(
 
 
 def _enter_fp8(
-    cfg: PretrainConfig, model: torch.nn.Module, device: torch.device, precision: str, info: ddp.DistInfo
+    cfg: PretrainConfig, model: torch.nn.Module, device: torch.device, precision: str, info: ddp.DistInfo, seq_len: int
 ) -> fp8.Fp8Guard | None:
     t = cfg.train
     if not t.fp8:
@@ -845,6 +846,13 @@ def _enter_fp8(
         raise UserError(
             f"train.fp8 runs the other ops in bf16, but {device} resolved precision {precision}; "
             "set train.precision=bf16 or train.fp8=false"
+        )
+    if not t.fp8_emulate and (t.micro_batch_size * seq_len) % 16:
+        # the encoder's linears run on micro-batch x seq_len token rows (FP8 keeps the fixed, segmented layout), and
+        # torch._scaled_mm's weight-gradient product needs that count in multiples of 16 on CUDA: not a crash at step 1
+        raise UserError(
+            f"train.fp8 needs train.micro_batch_size x the rows' seq_len in multiples of 16 (torch._scaled_mm), not "
+            f"{t.micro_batch_size} x {seq_len}; change train.micro_batch_size or set train.fp8=false"
         )
     n = fp8.convert(model, emulate=t.fp8_emulate)
     _log0(
