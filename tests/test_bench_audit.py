@@ -242,3 +242,18 @@ def test_an_entry_that_sets_torchs_threads_leaves_the_next_entries_and_the_repor
     a, b = report["results"]
     assert a["metrics"]["threads"]["median"] == 1 and b["metrics"]["threads"]["median"] == 2
     assert report["machine"]["threads"] == 2
+
+
+def test_a_report_with_an_infinite_value_is_strict_json(tmp_path, monkeypatch):
+    """An entry returning inf (quality_budget's time to a target never reached) was written as `Infinity`, which
+    strict JSON parsers reject: it is null."""
+    monkeypatch.setattr(selftest, "never", lambda: {"seconds_to_target": float("inf")}, raising=False)
+    spec = _spec(tmp_path, "repeat: 1\nwarmup: 0\nbenchmarks:\n  - {name: a, fn: 'bertforge.bench.selftest:never'}\n")
+    out = tmp_path / "r.json"
+    harness.write_outputs(harness.run_spec(spec, progress=lambda s: None), str(out), None)
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    report = json.loads(out.read_text(), parse_constant=refuse)
+    assert report["results"][0]["metrics"]["seconds_to_target"]["median"] is None

@@ -13,6 +13,11 @@ class ConfigError(UserError, ValueError):
     """An invalid configuration value, key or combination."""
 
 
+class Diverged(UserError):
+    """A run stopped on train.max_nonfinite_steps non-finite steps in a row: the recipe's fault, not the input's
+    (a GLUE suite records it and goes on with its other runs)."""
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message (libraries' messages run to several lines), or its type. A
     YAML parser's error says its problem and where: its first line is only the context ("while scanning ...")."""

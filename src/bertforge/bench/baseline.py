@@ -1,10 +1,12 @@
 """The Hugging Face baseline, built in one place for every benchmark: `transformers.BertForPreTraining` (SDPA
 attention) with dense MLM labels (-100 off the masked slots) and torch AdamW in a plain loop — the usual way to
-pre-train BERT with Hugging Face (run_mlm.py's model and optimizer without the Trainer). For a ModernBERT config
-it is `transformers.ModernBertForMaskedLM` (SDPA; `sparse_prediction` as given: transformers' default is off,
-the vocabulary projection then runs at every token).
+pre-train BERT with Hugging Face (run_mlm.py's model and optimizer without the Trainer). On MLM-only shards
+(objective mlm: no NSP labels, for which `BertForPreTraining` returns no loss) it is `transformers.BertForMaskedLM`,
+run_mlm.py's own model and the heads ours trains there. For a ModernBERT config it is
+`transformers.ModernBertForMaskedLM` (SDPA; `sparse_prediction` as given: transformers' default is off, the
+vocabulary projection then runs at every token).
 
-    model, opt = hf_pretraining(config, device)
+    model, opt = hf_pretraining(config, device, objective=shards.objective)   # "mlm_nsp" (default) or "mlm"
     loss = hf_step(model, opt, batch, device, precision)   # forward, backward, clip 1.0, AdamW step
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from bertforge import device as dev
+from bertforge.errors import UserError
 
 NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight")
 
@@ -58,16 +61,27 @@ def hf_config(config: Any, sparse_prediction: bool = False):
 
 
 def hf_pretraining(
-    config: Any, device: torch.device, lr: float = 1e-4, weight_decay: float = 0.01, sparse_prediction: bool = False
+    config: Any,
+    device: torch.device,
+    lr: float = 1e-4,
+    weight_decay: float = 0.01,
+    sparse_prediction: bool = False,
+    objective: str = "mlm_nsp",
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """`BertForPreTraining` (or `ModernBertForMaskedLM`) of our config (SDPA) on `device`, in train mode, and its
-    AdamW (no decay on biases and norms; the kernel `bertforge.optim.build_optimizer` picks for ours: fused on
-    CUDA and the CPU, foreach elsewhere)."""
+    """`BertForPreTraining` (`objective` mlm_nsp), `BertForMaskedLM` (mlm: MLM-only shards) or
+    `ModernBertForMaskedLM` of our config (SDPA) on `device`, in train mode, and its AdamW (no decay on biases and
+    norms; the kernel `bertforge.optim.build_optimizer` picks for ours: fused on CUDA and the CPU, foreach
+    elsewhere)."""
     import transformers
 
     from bertforge.optim.lamb import adamw_kernel
 
-    cls = transformers.ModernBertForMaskedLM if config.model_type == "modernbert" else transformers.BertForPreTraining
+    if objective not in ("mlm_nsp", "mlm"):
+        raise ValueError(f"objective must be mlm_nsp or mlm (a ShardSet's objective), not {objective!r}")
+    if config.model_type == "modernbert":
+        cls: Any = transformers.ModernBertForMaskedLM
+    else:
+        cls = transformers.BertForPreTraining if objective == "mlm_nsp" else transformers.BertForMaskedLM
     model = cls._from_config(hf_config(config, sparse_prediction), attn_implementation="sdpa")
     model.to(device).train()
     groups = [
@@ -92,6 +106,12 @@ def hf_step(
     x = hf_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
     with dev.autocast(device, precision):
         loss = model(**x).loss
+    if loss is None:  # BertForPreTraining computes its loss only with NSP labels: an MLM-only batch has none
+        raise UserError(
+            f"the HF baseline's {type(model).__name__} needs NSP labels, and these batches are MLM-only (shards of "
+            "`data shards --objective mlm`): build it with hf_pretraining(..., objective='mlm') (BertForMaskedLM), "
+            "or use sentence-pair shards"
+        )
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
     opt.step()
@@ -105,12 +125,12 @@ def hf_mlm_accuracy(model: torch.nn.Module, batches: list[dict[str, torch.Tensor
     model.eval()
     ok = n = 0
     for x in batches:
-        labels = dense_labels(x)
-        logits = model(
-            input_ids=x["input_ids"],
-            token_type_ids=x["token_type_ids"],
-            attention_mask=(x["attention_mask"] != 0).long(),
-        ).prediction_logits
+        inputs = hf_inputs(x)  # token types only with NSP labels: ModernBERT and MLM-only rows have none
+        labels = inputs.pop("labels")
+        inputs.pop("next_sentence_label", None)
+        out = model(**inputs)
+        # BertForPreTraining's MLM logits are prediction_logits; BertForMaskedLM's and ModernBERT's are logits
+        logits = out.prediction_logits if hasattr(out, "prediction_logits") else out.logits
         m = labels != -100
         ok += int((logits.argmax(-1)[m] == labels[m]).sum())
         n += int(m.sum())

@@ -48,7 +48,6 @@ import dataclasses
 import datetime as _dt
 import importlib
 import inspect
-import json
 import math
 import platform
 import statistics
@@ -58,7 +57,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import write_text
+from bertforge.runtime.io import strict_json, write_text
 
 SPEC_DIRS = [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[3] / "benchmarks"]
 
@@ -747,7 +746,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def write_outputs(report: dict[str, Any], json_out: str | None, md_out: str | None) -> None:
-    for path, text in ((json_out, json.dumps(report, indent=1)), (md_out, markdown(report))):
+    for path, text in ((json_out, strict_json(report, indent=1)), (md_out, markdown(report))):
         if path:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)

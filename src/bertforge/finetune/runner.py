@@ -45,7 +45,7 @@ import torch
 from bertforge import device as dev
 from bertforge.config import compile_keys, compile_mode, compile_notice, resolve_auto
 from bertforge.data.vocab import load_tokenizer, tokenizer_file, vocab_rows
-from bertforge.errors import UserError
+from bertforge.errors import Diverged, UserError
 from bertforge.finetune import glue, squad
 from bertforge.finetune.config import FinetuneConfig, TaskConfig
 from bertforge.finetune.metrics import squad_v1_scores, squad_v2_scores
@@ -920,7 +920,7 @@ def train(s: Session, preempt: Preemption | None = None) -> None:
 def _stop_nonfinite(s: Session, step_fn: TrainStep, step: int, count: int) -> None:
     scaler = step_fn.scaler
     best = f"the best model so far is in {s.out_dir / 'best'}" if s.best else "no model was saved"
-    raise UserError(
+    raise Diverged(
         f"{count} non-finite gradient steps in a row at update {step} ({s.precision}"
         f"{f', loss scale {scaler.get_scale():g}' if scaler.is_enabled() else ''}); {best}. Lower optim.lr, use "
         "train.precision=bf16 or fp32, or raise train.max_nonfinite_steps, or check the data"

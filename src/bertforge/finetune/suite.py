@@ -16,6 +16,11 @@ metric, or the mean of its two (MRPC and QQP F1/accuracy, STS-B Pearson/Spearman
 the average is the mean of the task scores (GLUE's convention); `avg_no_wnli` leaves WNLI out as BERT's paper
 does. Tokenized features are built once per task, tokenizer and max_seq_len and reused over seeds and learning
 rates (`FeatureCache`). Writes D/glue_results.{md,json,png}.
+
+A run that stops on non-finite steps (fine-tuning's `train.max_nonfinite_steps`) is recorded as diverged (its
+result file says so, and a re-run of the same recipe does not retry it) and the grid goes on: the lr choice and
+the medians leave diverged runs out, a task whose every run diverged shows `diverged` and no score (the averages
+are then `-`), and the table and JSON name the diverged runs. Any other error still stops the suite.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from bertforge.errors import UserError
+from bertforge.errors import Diverged, UserError, first_line
 from bertforge.finetune import glue
 from bertforge.runtime.io import write_text
 
@@ -140,11 +145,29 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     tasks: dict[str, Any] = {}
     for task in [t for t in GLUE_ORDER if any(r["task"] == t for r in results)]:
         rows = [r for r in results if r["task"] == task]
-        per_lr = {}
+        # a diverged run has no score: left out of the medians, so the lr choice is among the runs that trained
+        ok = [r for r in rows if not r.get("diverged")]
+        diverged = sorted(({"lr": r["lr"], "seed": r["seed"]} for r in rows if r.get("diverged")), key=_lr_seed)
+        per_lr: dict[float, float | None] = {}
         for lr in sorted({r["lr"] for r in rows}):
-            per_lr[lr] = statistics.median(task_score(r["metrics"]) for r in rows if r["lr"] == lr)
-        lr = max(per_lr, key=lambda k: per_lr[k])  # ties: the smaller lr (sorted first)
-        kept = sorted((r for r in rows if r["lr"] == lr), key=lambda r: r["seed"])
+            lr_scores = [task_score(r["metrics"]) for r in ok if r["lr"] == lr]
+            per_lr[lr] = statistics.median(lr_scores) if lr_scores else None  # None: every seed diverged
+        medians = {k: v for k, v in per_lr.items() if v is not None}
+        if not medians:  # every run of the task diverged: no score, not a made-up one
+            tasks[task] = {
+                "lr": None,
+                "seeds": [],
+                "metrics": None,
+                "score": None,
+                "seed_scores": [],
+                "spread": None,
+                "std": None,
+                "median_score_per_lr": {f"{k:g}": None for k in per_lr},
+                "diverged": diverged,
+            }
+            continue
+        lr = max(medians, key=lambda k: medians[k])  # ties: the smaller lr (sorted first)
+        kept = sorted((r for r in ok if r["lr"] == lr), key=lambda r: r["seed"])
         scores = [task_score(r["metrics"]) for r in kept]
         tasks[task] = {
             "lr": lr,
@@ -155,36 +178,67 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "spread": max(scores) - min(scores),
             "std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
             "median_score_per_lr": {f"{k:g}": v for k, v in per_lr.items()},
+            "diverged": diverged,
         }
     scored = {t: v["score"] for t, v in tasks.items()}
     no_wnli = [v for t, v in scored.items() if t != "wnli"]
     return {
         "tasks": tasks,
-        # None, not NaN, where there is nothing to average: json.dumps writes NaN, which JSON does not have
-        "average": float(np.mean(list(scored.values()))) if scored else None,
-        "avg_no_wnli": float(np.mean(no_wnli)) if no_wnli else None,
+        # None, not NaN, where there is nothing to average: json.dumps writes NaN, which JSON does not have; and
+        # None where a task has no score (every run diverged): an average of the other tasks is not GLUE's average
+        "average": _mean(list(scored.values())),
+        "avg_no_wnli": _mean(no_wnli),
+        "diverged": [{"task": t, **d} for t, v in tasks.items() for d in v["diverged"]],
     }
 
 
-def _cell(metrics: dict[str, float]) -> str:
-    return "/".join(f"{v:.1f}" for v in metrics.values())
+def _lr_seed(r: dict[str, Any]) -> tuple[float, int]:
+    return r["lr"], r["seed"]
+
+
+def _mean(scores: Sequence[float | None]) -> float | None:
+    """The mean of the task scores; None when there are none, or when a task has none (every run diverged)."""
+    if not scores or any(s is None for s in scores):
+        return None
+    return float(np.mean([s for s in scores if s is not None]))
+
+
+def _cell(metrics: dict[str, float] | None) -> str:
+    return "diverged" if metrics is None else "/".join(f"{v:.1f}" for v in metrics.values())
+
+
+def _seeds_cell(v: dict[str, Any]) -> str:
+    """Seeds in the kept lr's median, and its seeds that diverged (every seed of every lr, when all did)."""
+    lost = [d for d in v.get("diverged", []) if v["lr"] is None or d["lr"] == v["lr"]]
+    return f"{len(v['seeds'])}" + (f" (+{len(lost)} diverged)" if lost else "")
 
 
 def markdown_table(table: dict[str, Any], name: str = "model") -> str:
-    """The GLUE papers' table: one row of official metrics per task and the averages, then spread and lr rows."""
+    """The GLUE papers' table: one row of official metrics per task and the averages, then spread and lr rows;
+    then a line naming the runs that diverged, if any."""
     tasks = table["tasks"]
     heads = [HEADINGS[t] for t in tasks] + ["Avg", "Avg w/o WNLI"]
     avgs = [f"{a:.1f}" if a is not None else "-" for a in (table["average"], table["avg_no_wnli"])]
     avgs[1] = avgs[1] if "wnli" in tasks else "-"
     rows = [
         [name] + [_cell(v["metrics"]) for v in tasks.values()] + avgs,
-        ["seed spread (max-min)"] + [f"{v['spread']:.1f}" for v in tasks.values()] + ["", ""],
-        ["lr"] + [f"{v['lr']:g}" for v in tasks.values()] + ["", ""],
-        ["seeds"] + [str(len(v["seeds"])) for v in tasks.values()] + ["", ""],
+        ["seed spread (max-min)"] + [_num(v["spread"], ".1f") for v in tasks.values()] + ["", ""],
+        ["lr"] + [_num(v["lr"], "g") for v in tasks.values()] + ["", ""],
+        ["seeds"] + [_seeds_cell(v) for v in tasks.values()] + ["", ""],
     ]
     lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    diverged = [(t, d) for t, v in tasks.items() for d in v.get("diverged", [])]
+    if diverged:
+        runs = ", ".join(f"{t} lr {d['lr']:g} seed {d['seed']}" for t, d in diverged)
+        lines += ["", f"Diverged (stopped on non-finite steps; left out of the medians and the lr choice): {runs}."]
+        if none := [t for t, v in tasks.items() if v["metrics"] is None]:
+            lines.append(f"Every run of {', '.join(none)} diverged: no score there, and no average that counts it.")
     return "\n".join(lines) + "\n"
+
+
+def _num(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def plot_table(results: Sequence[dict[str, Any]], table: dict[str, Any], png: str | Path) -> Path:
@@ -199,15 +253,20 @@ def plot_table(results: Sequence[dict[str, Any]], table: dict[str, Any], png: st
     tasks = list(table["tasks"])
     lrs = sorted({r["lr"] for r in results})
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(tasks)), 4))
-    ax.bar(range(len(tasks)), [table["tasks"][t]["score"] for t in tasks], color="lightgrey", label="median (kept lr)")
+    bars = [table["tasks"][t]["score"] for t in tasks]
+    ax.bar(range(len(tasks)), [np.nan if b is None else b for b in bars], color="lightgrey", label="median (kept lr)")
     for j, lr in enumerate(lrs):
         off = (j - (len(lrs) - 1) / 2) * 0.15
-        pts = [(tasks.index(r["task"]) + off, task_score(r["metrics"])) for r in results if r["lr"] == lr]
+        runs = [r for r in results if r["lr"] == lr and not r.get("diverged")]  # a diverged run has no score
+        pts = [(tasks.index(r["task"]) + off, task_score(r["metrics"])) for r in runs]
         if pts:
             ax.scatter(*zip(*pts), s=14, label=f"lr {lr:g}", zorder=3)
-    ax.set_xticks(range(len(tasks)), [HEADINGS[t].split(" ")[0] for t in tasks])
+    ax.set_xticks(
+        range(len(tasks)),
+        [HEADINGS[t].split(" ")[0] + (" (diverged)" if b is None else "") for t, b in zip(tasks, bars, strict=True)],
+    )
     ax.set_ylabel("task score (x100)")
-    ax.set_title(f"GLUE dev, average {table['average']:.1f}")
+    ax.set_title(f"GLUE dev, average {_num(table['average'], '.1f')}")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -302,6 +361,8 @@ def read_result(path: Path, fp: dict[str, Any], overwrite: bool) -> dict[str, An
         return None  # written atomically, so only a hand-edited file gets here: run it again
     if not isinstance(rec, dict) or not isinstance(rec.get("metrics"), dict) or not {"lr", "seed"} <= rec.keys():
         return None  # hand-edited too: not a result the table can use
+    if not rec["metrics"] and not rec.get("diverged"):
+        return None  # no metrics and not a diverged run's record: hand-edited as well
     if (old := rec.get("fingerprint")) != fp:
         if overwrite:
             return None
@@ -336,21 +397,27 @@ def run_one(opts: SuiteOptions, task: str, lr: float, seed: int, data, log: Call
     # the run dir is this suite's scratch for this (task, lr, seed): an interrupted attempt's best/ goes
     run = FinetuneRun(task, opts.model, str(train), [str(d) for d in devs], overwrite=True, task_data=data)
     t0 = time.perf_counter()
-    summary = run_finetune(run, cfg, log)
+    try:
+        summary = run_finetune(run, cfg, log)
+    except Diverged as e:  # any other UserError (a bad file or setting) stops the suite
+        # one lr of a grid diverging is an outcome of the sweep, not the user's mistake: record it and go on
+        # what happened, without the runner's advice and its "best model so far is in best/", deleted below
+        summary = {"best": None, "train_s": None, "diverged": first_line(e).split(";")[0]}
     if not opts.keep_models:
         shutil.rmtree(run_dir / "best", ignore_errors=True)
     best = summary["best"]
-    return {
+    rec = {
         "task": task,
         "lr": lr,
         "seed": seed,
-        "metrics": task_metrics(task, best),
-        "best_epoch": best.get("epoch"),
+        "metrics": task_metrics(task, best) if best is not None else {},
+        "best_epoch": best.get("epoch") if best is not None else None,
         "train_rows": len(data.train) if data.train is not None else 0,
         "train_s": summary["train_s"],
         "wall_s": time.perf_counter() - t0,
         "fingerprint": fingerprint(opts, task),
     }
+    return {**rec, "diverged": summary["diverged"]} if "diverged" in summary else rec
 
 
 def run_suite(
@@ -440,8 +507,14 @@ def _run_grid(opts: SuiteOptions, out: Path, log: Callable[[str], None], cache: 
             rec = run_one(opts, task, lr, seed, cache.get(opts, task, base.task), log)
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text(path, json.dumps(rec, indent=1))
+            if rec.get("diverged"):
+                log(
+                    f"glue suite: {task} lr {lr:g} seed {seed} diverged ({rec['diverged']}); recorded in {path} "
+                    "(delete it to run it again), going on with the next run"
+                )
         else:
-            log(f"glue suite: {task} lr {lr:g} seed {seed}: done earlier ({path})")
+            diverged = " (diverged)" if rec.get("diverged") else ""
+            log(f"glue suite: {task} lr {lr:g} seed {seed}: done earlier{diverged} ({path})")
         results.append(rec)
         if own_cache and lr == lrs[-1] and seed == opts.seeds[-1]:
             cache.drop(task)  # this task's rows are not needed again

@@ -18,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import shutil
 from collections.abc import Iterable, Iterator
 from glob import escape as glob_escape
 from pathlib import Path
+from typing import Any
 
 from bertforge.errors import UserError
 
@@ -168,6 +170,21 @@ def read_json_object(path: Path, fix: str, label: str = "") -> dict:
     if not isinstance(out, dict):
         raise UserError(f"{label}{path} does not hold a JSON object; {fix}")
     return out
+
+
+def strict_json(obj: Any, **dumps: Any) -> str:
+    """`obj` as JSON text with NaN and ±inf (a target never reached, a median of nothing) written as null:
+    json.dumps would write NaN/Infinity, tokens strict parsers (jq, JavaScript, Go) reject. `dumps`: json.dumps'
+    other arguments (indent, default)."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return [clean(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return json.dumps(clean(obj), allow_nan=False, **dumps)
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
