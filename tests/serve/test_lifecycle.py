@@ -37,7 +37,8 @@ def test_sigterm_after_a_request_through_the_guard_stops_at_once(stsb, serving, 
         took = time.perf_counter() - t0
     log = (tmp_path / "serve.log").read_text(errors="replace")
     assert "failed to stop server" not in log and "Exit timeout expired" not in log, log[-2000:]
-    assert took < 7, took
+    # the log lines above are the signal; the time is a loose bound (a loaded CI machine took 8.5 s to stop cleanly)
+    assert took < 25, took
 
 
 def test_triton_dying_under_serve_is_exit_1_with_one_line(stsb, serving, tmp_path):
