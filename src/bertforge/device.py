@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import json
 import os
@@ -95,7 +96,9 @@ def supports(device: torch.device, precision: str) -> bool:
         return True
     if kind == "cuda":
         if precision == "bf16":
-            return torch.cuda.is_bf16_supported()
+            # not torch.cuda.is_bf16_supported(): it asks the current device, not this one, and counts bf16 that a
+            # V100 or T4 only emulates (no bf16 tensor cores before Ampere, 8.0), where fp16 is the fast path
+            return bool(torch.version.hip) or torch.cuda.get_device_capability(device) >= (8, 0)
         return True
     if kind == "cpu":
         if precision == "bf16":
@@ -108,18 +111,32 @@ def supports(device: torch.device, precision: str) -> bool:
     return False
 
 
+def _cpuinfo() -> str:
+    """/proc/cpuinfo's text, or "" where there is none (macOS, Windows, a sandbox that hides it)."""
+    with contextlib.suppress(OSError):
+        return Path("/proc/cpuinfo").read_text()
+    return ""
+
+
 def cpu_has_native_bf16() -> bool:
-    """AVX-512 BF16 or AMX on x86, or BF16 on Arm: what oneDNN uses for fast bf16 matmuls."""
+    """AVX-512 BF16 or AMX on x86, or BF16 on Arm: what oneDNN uses for fast bf16 matmuls. A torch built without
+    oneDNN (or with it switched off) runs bf16 matmuls in its reference kernels, emulated whatever the CPU has."""
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return False
     try:
         cap = torch.backends.cpu.get_cpu_capability()
     except AttributeError:  # older torch
         cap = ""
     if "AMX" in cap.upper():
         return True
-    flags = ""
-    with contextlib.suppress(OSError):
-        flags = Path("/proc/cpuinfo").read_text()
-    return any(f in flags for f in ("avx512_bf16", "amx_bf16", " bf16"))
+    # the words of the flags (x86) and Features (Arm) lines, not substrings of the whole text
+    words = {
+        word
+        for line in _cpuinfo().splitlines()
+        if line.split(":", 1)[0].strip().lower() in ("flags", "features")
+        for word in line.partition(":")[2].split()
+    }
+    return bool(words & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def resolve_precision(spec: str, device: torch.device) -> str:
@@ -288,11 +305,20 @@ def device_name(device: torch.device) -> str:
 
 
 def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    """The CPU's name: part of the matmul peak's cache key, so two machines must not share one name. Arm Linux
+    has no "model name" line, only the implementer and part numbers that tell a Graviton 2 from a Graviton 3."""
+    fields: dict[str, str] = {}
+    for line in _cpuinfo().splitlines():
+        name, sep, value = line.partition(":")
+        if sep and value.strip():
+            fields.setdefault(name.strip().lower(), value.strip())  # the first CPU's
+    for name in ("model name", "cpu model", "hardware", "cpu", "uarch"):  # x86; MIPS; old Arm; POWER; RISC-V
+        if name in fields:
+            return fields[name]
+    machine = platform.processor() or platform.machine() or "cpu"
+    if "cpu implementer" in fields and "cpu part" in fields:
+        return f"{machine} (implementer {fields['cpu implementer']}, part {fields['cpu part']})"
+    return machine
 
 
 # ------------------------------------------------------------------------------------------------ RNG
@@ -327,18 +353,25 @@ def _cache_path() -> Path:
 
 
 def _measure(device: torch.device, dtype: torch.dtype, max_n: int, seconds: float) -> tuple[float, int]:
-    """Best GFLOP/s of an n x n matmul; n grows from 256 until one product takes >= 20 ms (or max_n), so a
-    dtype the device only emulates (bf16 on a CPU without AVX-512 BF16/AMX) is measured in bounded time."""
+    """Best GFLOP/s of an n x n matmul; n grows from 256 until a product takes >= 20 ms (or max_n), so a
+    dtype the device only emulates (bf16 on a CPU without AVX-512 BF16/AMX) is measured in bounded time. The
+    fastest of three products decides: one delayed by a page fault or a preemption stopped the growth at a size
+    far below the device's peak (a 256 x 256 fp32 matmul on a CPU), and that low peak was cached."""
     n = 256
     while True:
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
         torch.matmul(a, b)  # warm-up: kernel selection, page faults, clocks
         synchronize(device)
-        t0 = time.perf_counter()
-        torch.matmul(a, b)
-        synchronize(device)
-        if time.perf_counter() - t0 >= 0.02 or n >= max_n:
+        took = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            synchronize(device)
+            took.append(time.perf_counter() - t0)
+            if took[-1] < 0.02:  # one fast product is enough to grow
+                break
+        if min(took) >= 0.02 or n >= max_n:
             break
         n *= 2
     best = 0.0
@@ -351,14 +384,55 @@ def _measure(device: torch.device, dtype: torch.dtype, max_n: int, seconds: floa
     return best, n
 
 
+def _cpu_snapshot() -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds spent busy on the cores this process may run on, by anyone, this process's own
+    CPU seconds): two of them bracket a measurement to tell how much of the cores other processes took."""
+    import psutil
+
+    per_core = psutil.cpu_times(percpu=True)
+    try:
+        mine = [per_core[i] for i in sorted(os.sched_getaffinity(0))]
+    except (AttributeError, IndexError):  # no affinity API (macOS, Windows), or a container's renumbered cores
+        mine = per_core
+    # busy = everything but idle and iowait; steal is a hypervisor giving the core to another guest
+    busy = sum(t.user + t.nice + t.system + sum(getattr(t, f, 0.0) for f in ("irq", "softirq", "steal")) for t in mine)
+    return time.perf_counter(), busy, time.process_time()
+
+
+CONTENDED_SHARE = 0.15
+"""A CPU peak measured while other processes took more than this share of the cores its threads ran on is not
+cached: it reads low, and every later MFU divided by it reads high."""
+
+
+def _contended_share(before: tuple[float, float, float], after: tuple[float, float, float], threads: int) -> float:
+    """The share of `threads` cores that other processes kept busy between two `_cpu_snapshot`s, beyond the cores
+    the measurement left free. 0 for a window under 0.2 s: the kernel counts CPU time in 10 ms ticks."""
+    wall = after[0] - before[0]
+    if wall < 0.2:
+        return 0.0
+    others = max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / wall  # cores' worth kept busy by others
+    try:
+        spare = max(0, len(os.sched_getaffinity(0)) - threads)
+    except AttributeError:
+        spare = max(0, (os.cpu_count() or threads) - threads)
+    return max(0.0, others - spare) / max(1, threads)
+
+
+_uncached: dict[tuple[str, str], Peak] = {}
+"""Peaks measured under load, not written to the cache: kept for this process, so that its later calls (every
+logged MFU) do not measure again."""
+
+
 def matmul_peak(device: torch.device, refresh: bool = False, seconds: float = 1.0) -> Peak:
     """Best dense n x n matmul throughput in GFLOP/s per dtype on `device`, cached per machine setup.
 
     This is the denominator of every MFU bertforge reports: the peak this machine reaches in practice,
-    not a datasheet number.
+    not a datasheet number. On the CPU the measurement is not cached when other processes competed with it
+    for the cores (a run beside another job, or `bertforge info` during a build): the next run measures again.
     """
     threads = torch.get_num_threads()
-    key = f"{device_name(device)}|{device}|torch {torch.__version__}|threads {threads}"
+    # "guarded": entries cached before the load check and the three-product size ramp may be low; measured again
+    key = f"{device_name(device)}|{device}|torch {torch.__version__}|threads {threads}|guarded"
     path = _cache_path()
     cache: Any = {}
     with contextlib.suppress(OSError, ValueError):
@@ -369,13 +443,28 @@ def matmul_peak(device: torch.device, refresh: bool = False, seconds: float = 1.
             cached = Peak(**cache[key])
             rates = (cached.fp32_gflops, cached.bf16_gflops or 0.0, cached.fp16_gflops or 0.0)
             if all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rates):
-                return cached
+                # asked now, not read from the file: an entry cached before a fix to `supports` stays true
+                return dataclasses.replace(cached, bf16_native=supports(device, "bf16"))
+    if not refresh and (str(path), key) in _uncached:
+        return _uncached[(str(path), key)]
+    before = _cpu_snapshot() if device.type == "cpu" else None
     max_n = 4096 if device.type == "cpu" else 8192
     fp32, n = _measure(device, torch.float32, max_n, seconds)
     # bf16 is measured even where it is only emulated: the number tells users not to pick it there
     bf16, _ = _measure(device, torch.bfloat16, max_n, seconds)
     fp16 = _measure(device, torch.float16, max_n, seconds)[0] if device.type != "cpu" else None
     peak = Peak(fp32, bf16, fp16, n, str(device), threads, supports(device, "bf16"))
+    contended = 0.0 if before is None else _contended_share(before, _cpu_snapshot(), threads)
+    if contended > CONTENDED_SHARE:
+        print(
+            f"warning: other processes took {contended:.0%} of the {threads} cores the matmul peak was measured on: "
+            "not cached, as MFU against it reads high; it is measured again at the next run "
+            "(or `bertforge info --refresh` on an idle machine)",
+            file=sys.stderr,
+        )
+        _uncached[(str(path), key)] = peak
+        return peak
+    _uncached.pop((str(path), key), None)
     cache[key] = peak.__dict__
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -428,5 +517,19 @@ def _memory_gb(device: torch.device) -> float | None:
     if device.type == "cpu":
         import psutil
 
-        return round(psutil.virtual_memory().total / 2**30, 1)
+        total = psutil.virtual_memory().total
+        limit = _cgroup_memory_limit()
+        return round(min(total, limit or total) / 2**30, 1)
+    return None
+
+
+def _cgroup_memory_limit() -> int | None:
+    """The memory limit of this process's container (cgroup v2, then v1) in bytes, or None: /proc/meminfo, which
+    psutil reads, gives the host's memory inside a container, and a 16 GiB container on a 512 GiB host is
+    killed long before the host's memory runs out."""
+    for name in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError):
+            text = Path(name).read_text().strip()
+            if text.isdigit():  # "max" (v2) is no limit; v1 says a huge number instead, which min() ignores
+                return int(text)
     return None

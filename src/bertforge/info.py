@@ -69,7 +69,7 @@ def info_run(args: argparse.Namespace) -> int:
         f"fp32 {fmt(pk['fp32'])} | bf16 {fmt(pk['bf16'])} | fp16 {fmt(pk['fp16'])}"
     )
     if not pk["bf16_native"] and data["chosen_device"] == "cpu":
-        print("bf16 is emulated on this device (no AVX-512 BF16/AMX): fp32 is the fast path here")
+        print("bf16 is emulated on this device (no AVX-512 BF16, AMX or Arm BF16): fp32 is the fast path here")
     elif not pk["bf16_native"]:  # a GPU before Ampere (V100, T4): fp16's tensor cores, not fp32, are its fast path
         fast = "fp16" if (pk["fp16"] or 0) > pk["fp32"] else "fp32"
         print(f"bf16 is not native on this device: {fast} is the fast path here")
