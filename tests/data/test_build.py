@@ -297,7 +297,7 @@ def test_shards_left_empty_by_a_tiny_corpus_are_named_with_the_fix(setup, tmp_pa
     warn = [x for x in lines if "warning" in x]
     assert warn == [
         f"data shards: warning: {empty} of 8 train shards have no instances (3 documents in all): use fewer "
-        f"shards (--shards {8 - empty}) or a larger corpus"
+        f"shards (--shards {8 - empty}; data prepare: --set shards.num_shards={8 - empty}) or a larger corpus"
     ]
     assert ShardSet.open(tmp_path / "o").rows == res["train"]["instances"] > 0
     assert res["train"]["shards"][0]["instances"] == 0  # so the start-up sample must come from a later shard

@@ -548,13 +548,15 @@ def _run_shards(
 def _warn_empty(entries: list[dict[str, Any]], n_docs: int, log) -> None:
     """One line per split with shards that got no instances (a corpus too small for the shard count): training
     still works, but the user most likely meant fewer shards, and `--shards` is what to change."""
-    for kind, option in (("train", "--shards"), ("eval", "--eval-shards")):
+    # `data shards`' flag, and the key `data prepare` sets it with
+    for kind, option, key in (("train", "--shards", "num_shards"), ("eval", "--eval-shards", "eval_shards")):
         mine = [e for e in entries if e["kind"] == kind]
         empty = sum(1 for e in mine if e["instances"] == 0)
         if empty:
+            n = max(1, len(mine) - empty)
             log(
                 f"data shards: warning: {empty} of {len(mine)} {kind} shards have no instances ({n_docs} documents "
-                f"in all): use fewer shards ({option} {max(1, len(mine) - empty)}) or a larger corpus"
+                f"in all): use fewer shards ({option} {n}; data prepare: --set shards.{key}={n}) or a larger corpus"
             )
 
 

