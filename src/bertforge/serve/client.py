@@ -109,6 +109,8 @@ class Client:
                 if not io.optional:
                     raise UserError(f"task {task} needs input {io.name!r}")
                 continue
+            if isinstance(col, (str, bytes)):  # a bare string would be sent as one row per character
+                raise UserError(f"input {io.name!r} must be a list of strings, one per row: pass [{col!r}]")
             arrays[io.name] = np.array([[s.encode("utf-8")] for s in col], dtype=object)  # (B, 1)
         unknown = set(columns) - {io.name for io in spec.inputs}
         if unknown:

@@ -287,6 +287,11 @@ class Predictor:
         self.use_token_types = type_vocab_size > 1
         self.cls = _special(tokenizer, "[CLS]", "<s>")
         self.sep = _special(tokenizer, "[SEP]", "</s>")
+        # separators between a pair's texts, as fine-tuning lays pairs out (the tokenizer's post-processor in
+        # `encode_glue`, `squad.specials_for`): BERT's one [SEP], RoBERTa's `</s></s>`
+        from bertforge.finetune.squad import specials_for
+
+        self.pair_seps = specials_for(tokenizer).mid
         self.pad = _special(tokenizer, "[PAD]", "<pad>")
         self.mask = _special(tokenizer, "[MASK]", "<mask>") if task == "fill-mask" else None
         self.tokens = vocab_rows(tokenizer)  # the ids fill-mask may predict (once: get_vocab() takes ~10 ms)
@@ -438,20 +443,21 @@ class Predictor:
         return ids
 
     def encode_pair(self, a: str, b: str | None, row: int = 0) -> tuple[list[int], list[int]]:
-        """[CLS] a [SEP] (b [SEP]), the longer side cut first to fit max_seq_len (BERT's GLUE truncation). An empty
-        or blank `b` is no pair, as a blank text_pair column is (`bertforge predict --jsonl` sends "" for a row
-        without one)."""
+        """[CLS] a [SEP] (b [SEP]) (RoBERTa: <s> a </s></s> b </s>), the longer side cut first to fit max_seq_len
+        (BERT's GLUE truncation). An empty or blank `b` is no pair, as a blank text_pair column is (`bertforge
+        predict --jsonl` sends "" for a row without one)."""
         b = b if b and b.strip() else None
         ta = self._token_ids("text", row, a)
         tb = self._token_ids("text_pair", row, b) if b else []
-        budget = self.limits.max_seq_len - (3 if b else 2)
+        budget = self.limits.max_seq_len - (2 + self.pair_seps if b else 2)
         while len(ta) + len(tb) > budget:
             if len(ta) >= len(tb):
                 ta.pop()
             else:
                 tb.pop()
-        ids = [self.cls, *ta, self.sep] + ([*tb, self.sep] if b else [])
-        types = [0] * (len(ta) + 2) + ([1] * (len(tb) + 1) if b else [])
+        mid = [self.sep] * (self.pair_seps - 1)  # the separators after a's own [SEP]
+        ids = [self.cls, *ta, self.sep] + ([*mid, *tb, self.sep] if b else [])
+        types = [0] * (len(ta) + 2) + ([1] * (len(mid) + len(tb) + 1) if b else [])
         return ids, types
 
     def _encode_classify(self, inputs: dict[str, list[str]]) -> list[Any]:
