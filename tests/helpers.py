@@ -11,3 +11,16 @@ def one_line(text: str, *parts: object) -> str:
     for p in parts:
         assert str(p) in lines[0], (p, lines[0])
     return lines[0]
+
+
+def write_rte(root, n_train: int = 8, n_dev: int = 4):
+    """A tiny glue_data under `root` with RTE only (train.tsv and dev.tsv with the real files' header)."""
+    from pathlib import Path
+
+    d = Path(root) / "RTE"
+    d.mkdir(parents=True)
+    rows = ["index\tsentence1\tsentence2\tlabel"]
+    rows += [f"{i}\tgood film .\tbad plot .\t{('entailment', 'not_entailment')[i % 2]}" for i in range(n_train)]
+    (d / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (d / "dev.tsv").write_text("\n".join(rows[: n_dev + 1]) + "\n", encoding="utf-8")
+    return Path(root)

@@ -6,18 +6,10 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+from tests.helpers import write_rte
+
 from bertforge.bench import quality
 from bertforge.finetune import suite
-
-
-def _write_rte(root: Path, n_train: int = 8, n_dev: int = 4) -> Path:
-    d = root / "RTE"
-    d.mkdir(parents=True)
-    rows = ["index\tsentence1\tsentence2\tlabel"]
-    rows += [f"{i}\tgood film .\tbad plot .\t{('entailment', 'not_entailment')[i % 2]}" for i in range(n_train)]
-    (d / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    (d / "dev.tsv").write_text("\n".join(rows[: n_dev + 1]) + "\n", encoding="utf-8")
-    return root
 
 
 def _fake_model(where: Path, weights: bytes) -> Path:
@@ -32,7 +24,7 @@ def test_quality_glue_reruns_for_a_new_model_and_reuses_results_of_the_same_one(
     OUT/glue_<side>/: a second call's new weights made the suite refuse the first call's results ("another model
     or recipe ... pass --overwrite"), a UserError after the whole pre-training budget. Results of the same model
     (the GPU plan's later call) are still reused."""
-    glue_dir = _write_rte(tmp_path / "glue")
+    glue_dir = write_rte(tmp_path / "glue")
     model = _fake_model(tmp_path / "model", b"weights-1")
     # the grid's checks and the run itself are the suite's own (tested there); here only which runs are done
     monkeypatch.setattr(suite, "preflight", lambda opts, log: (["rte"], [1e-4], SimpleNamespace(task=None)))

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from tests.helpers import one_line
+from tests.helpers import one_line, write_rte
 
 from bertforge.cli import main
 from bertforge.errors import UserError
@@ -26,17 +26,6 @@ SETS = [
     "task.max_seq_len=32",
     "train.max_nonfinite_steps=1",
 ]
-
-
-def _rte(root: Path, n_train: int = 8, n_dev: int = 4) -> Path:
-    """A tiny glue_data with RTE only (train.tsv and dev.tsv with the real files' header)."""
-    d = root / "RTE"
-    d.mkdir(parents=True)
-    rows = ["index\tsentence1\tsentence2\tlabel"]
-    rows += [f"{i}\tgood film .\tbad plot .\t{('entailment', 'not_entailment')[i % 2]}" for i in range(n_train)]
-    (d / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    (d / "dev.tsv").write_text("\n".join(rows[: n_dev + 1]) + "\n", encoding="utf-8")
-    return root
 
 
 def _argv(encoder: Path, glue_dir: Path, out: Path, *extra: str) -> list[str]:
@@ -67,7 +56,7 @@ def test_a_diverging_run_is_recorded_and_the_grid_goes_on(encoder, tmp_path, mon
     """A run that stopped on non-finite steps raised the runner's UserError out of the suite (exit 2, no table),
     and every re-run hit the same run again. Now it is recorded as diverged, the grid goes on, the lr choice leaves
     it out, the table and JSON name it, and a re-run of the same recipe does not retry it."""
-    glue_dir, out = _rte(tmp_path / "glue"), tmp_path / "out"
+    glue_dir, out = write_rte(tmp_path / "glue"), tmp_path / "out"
     started = _diverging_at(monkeypatch, {5e-5})
     assert main(_argv(encoder, glue_dir, out)) == 0
     assert started == [2e-5, 5e-5]
@@ -104,7 +93,7 @@ def test_any_other_user_error_still_stops_the_suite(encoder, tmp_path, monkeypat
     suite in one line, with nothing recorded."""
     from bertforge.finetune import runner
 
-    glue_dir, out = _rte(tmp_path / "glue"), tmp_path / "out"
+    glue_dir, out = write_rte(tmp_path / "glue"), tmp_path / "out"
 
     def bad(run, cfg, log=print):
         raise UserError("20 non-finite gradient steps in a row: no, a bad file (train.tsv line 3)")
