@@ -123,6 +123,8 @@ class StepProfiler:
         self.table: str = ""
         self.top_rows: list[dict[str, Any]] = []
         self.done = False
+        self.stepped = 0  # step() calls so far: the window is calls warmup+1 .. warmup+steps
+        self.recorded = 0  # steps in the written trace: `steps`, or fewer when the profiler exited before
         self._prof = torch.profiler.profile(
             activities=_activities(self.device),
             record_shapes=record_shapes,
@@ -136,11 +138,27 @@ class StepProfiler:
         return self
 
     def step(self) -> None:
-        if not self.done:
-            self._prof.step()
+        if self.done:
+            return
+        self.stepped += 1
+        if self.stepped in (self.warmup, self.warmup + self.steps):
+            # the window opens or closes here: the device must have finished the steps before it first. Kineto
+            # keeps only kernels that begin and end inside the window, and the caller's step returns with its
+            # last kernels (the optimizer's, queued after the step's one host sync) still running: unsynced,
+            # the last recorded step loses them and its update disappears from the table
+            from bertforge import device as dev
+
+            dev.synchronize(self.device)
+        self._prof.step()
 
     def __exit__(self, *exc: Any) -> None:
+        if not self.done and self.stepped > self.warmup:  # a window cut short is written now: its kernels too
+            from bertforge import device as dev
+
+            dev.synchronize(self.device)
         self._prof.__exit__(*exc)
+        if not self.done:  # torch writes nothing when the steps end inside the warm-up
+            self.table = f"no profile: the steps ended within the {self.warmup} warm-up step(s), before the window"
 
     def _write(self, prof: torch.profiler.profile) -> None:
         """on_trace_ready: the trace and the table of the recorded window."""
@@ -150,14 +168,18 @@ class StepProfiler:
             prof.export_chrome_trace(str(tmp))
         self.top_rows = top_ops(prof.key_averages(), self.on_device, self.top)
         what = "kernels by self device time" if self.on_device else "ops by self CPU time"
-        self.table = format_table(
-            self.top_rows, f"top {len(self.top_rows)} {what} over {self.steps} steps ({self.trace_path})"
-        )
+        # called on exit too when the steps ran out inside the window: say how many steps the trace holds
+        self.recorded = min(self.stepped - self.warmup, self.steps)
+        if self.recorded < self.steps:
+            over = f"only {self.recorded} of {self.steps} steps (the steps ended first)"
+        else:
+            over = f"{self.steps} steps"
+        self.table = format_table(self.top_rows, f"top {len(self.top_rows)} {what} over {over} ({self.trace_path})")
         write_text(self.out_dir / "top_ops.txt", self.table + "\n")
         self.done = True
 
     def summary(self) -> dict[str, Any]:
-        return {"trace": str(self.trace_path), "steps": self.steps, "table": self.table, "top": self.top_rows}
+        return {"trace": str(self.trace_path), "steps": self.recorded, "table": self.table, "top": self.top_rows}
 
 
 def profile_steps(
