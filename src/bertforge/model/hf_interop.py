@@ -180,9 +180,9 @@ def config_from_hf(raw: dict[str, Any], source: str = "config.json") -> BertConf
     fields = BertConfig.__dataclass_fields__
     kw = {k: raw[k] for k in fields if k in raw and raw[k] is not None}
     kw["model_type"] = model_type
-    if model_type == "roberta":
-        kw.setdefault("pad_token_id", 1)
-        kw.setdefault("layer_norm_eps", 1e-5)
+    if model_type == "roberta":  # HF RobertaConfig's defaults where config.json leaves a field out (its eps is
+        # BERT's 1e-12, as ours: RoBERTa's published 1e-5 is always written; assuming it loaded another model)
+        kw = {"pad_token_id": 1, "vocab_size": 50265, **kw}
     if model_type == "modernbert":  # HF ModernBertConfig's defaults where config.json leaves a field out
         kw = {**HF_MODERN_DEFAULTS, **kw}
     try:
@@ -571,14 +571,7 @@ def load_hf_state_dict(
             missing = sorted({"query", "key", "value"} - set(parts))
             raise UserError(f"{source}: {name} is missing its {', '.join(missing)} part(s)")
         loaded[name] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)  # (3H, H) / (3H,)
-    word = loaded.get(hf_to_ours(WORD_KEY[mt], mt, task) or "")
-    if "weight" in tied and word is not None and not torch.equal(tied["weight"], word):
-        raise UserError(
-            f"{source}: the MLM decoder weight differs from the word embeddings; bertforge ties "
-            "them (as BERT does) and cannot load an untied decoder"
-        )
-    if "bias" in tied and "cls.predictions.bias" in ours and "cls.predictions.bias" not in loaded:
-        loaded["cls.predictions.bias"] = tied["bias"]
+    _take_tied_decoder(loaded, tied, "cls.predictions.bias" in ours, hf_to_ours(WORD_KEY[mt], mt, task) or "", source)
     reinitialised = []
     for name, value in list(loaded.items()):
         if tuple(value.shape) == tuple(ours[name].shape):
@@ -613,6 +606,23 @@ def load_hf_state_dict(
         for name, value in loaded.items():
             ours[name].copy_(value.to(ours[name].dtype))
     model.hf_load_info = {"ignored": ignored, "initialised": missing, "reinitialised": reinitialised}
+
+
+def _take_tied_decoder(
+    loaded: dict[str, torch.Tensor], tied: dict[str, torch.Tensor], has_bias: bool, word_name: str, source: str
+) -> None:
+    """The checkpoint's MLM decoder (`tied`): its weight must be the word embeddings (bertforge ties them, as BERT
+    does); its own bias is the one transformers' forward adds. A file holding both it and another
+    `cls.predictions.bias` / `lm_head.bias` (tie_word_embeddings false, or two values) is not tied there, so the
+    other is unused: taking it gave other logits than transformers' without a word."""
+    word = loaded.get(word_name)
+    if "weight" in tied and word is not None and not torch.equal(tied["weight"], word):
+        raise UserError(
+            f"{source}: the MLM decoder weight differs from the word embeddings; bertforge ties "
+            "them (as BERT does) and cannot load an untied decoder"
+        )
+    if "bias" in tied and has_bias:
+        loaded["cls.predictions.bias"] = tied["bias"]
 
 
 # ------------------------------------------------------------------------------------------- saving

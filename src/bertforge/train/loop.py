@@ -477,32 +477,43 @@ def model_name(cfg: PretrainConfig, bert_cfg) -> str:
     return f"{cfg.model.init_from} ({shape}, {bert_cfg.max_position_embeddings} positions)"
 
 
-def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[torch.nn.Module, Any]:
+def build_model_for(
+    cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo, resumed: ckpt.Checkpoint | None = None
+) -> tuple[torch.nn.Module, Any]:
     """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
-    config's dropout rates and rotary base replace its own); runtime choices applied from outside."""
+    config's dropout rates and rotary base replace its own; heads it lacks, a masked-LM checkpoint's pooler and
+    NSP head, start fresh, said in one line); runtime choices applied from outside. `resumed`: this run's
+    checkpoint, which holds every weight: read from there, so a moved init_from directory does not stop --resume."""
     m = cfg.model
     if m.init_from:
         from bertforge.model.hf_interop import config_from_hf, load_pretrained, read_config
 
-        asked = bert_cfg
-        raw, path = read_config(m.init_from)  # before any weight is read
+        asked, source = bert_cfg, str(resumed.model_dir) if resumed is not None else m.init_from
+        raw, path = read_config(source)  # before any weight is read
         own = config_from_hf(raw, str(path))
-        if m.global_rope_theta is not None and own.model_type != "modernbert":
-            raise UserError(
-                f"model.global_rope_theta is a ModernBERT setting; model.init_from {m.init_from} is a "
-                f"{own.model_type} model: leave it out"
-            )
+        _check_init_from(cfg, own.model_type)
         overrides = m.loaded_overrides() or {}
         if own.model_type == "modernbert":  # rotary positions, no table to outgrow: a phase extends the context
             overrides["max_position_embeddings"] = max(asked.max_position_embeddings, own.max_position_embeddings)
         model, bert_cfg = load_pretrained(
-            m.init_from, cfg.train.task, attention=cfg.train.attention, config_overrides=overrides or None
+            source,
+            cfg.train.task,
+            attention=cfg.train.attention,
+            config_overrides=overrides or None,
+            allow_missing_head=True,
         )
-        if differ := [f"{k} {getattr(asked, k)}" for k in _shape_diff(asked, bert_cfg)]:
+        differ = [f"{k} {getattr(asked, k)}" for k in _shape_diff(asked, bert_cfg)]
+        differ += [f"vocab_size {m.vocab_size}"] if m.vocab_size and m.vocab_size != bert_cfg.vocab_size else []
+        if differ:
             _log0(
                 info,
                 f"model.init_from {m.init_from}: its config.json decides the model's shape, not model.preset "
-                f"{m.preset} / model.max_position_embeddings ({', '.join(differ)} not used)",
+                f"{m.preset} / model.max_position_embeddings / model.vocab_size ({', '.join(differ)} not used)",
+            )
+        if (fresh := model.hf_load_info["initialised"]) and resumed is None:
+            _log0(
+                info,
+                f"model.init_from {m.init_from} lacks {len(fresh)} weight(s), which start fresh: {', '.join(fresh)}",
             )
     else:
         from bertforge.model import build_model
@@ -510,6 +521,22 @@ def build_model_for(cfg: PretrainConfig, bert_cfg, info: ddp.DistInfo) -> tuple[
         model = build_model(bert_cfg, cfg.train.task, attention=cfg.train.attention)
     apply_model_choices(model, cfg.train)
     return model, bert_cfg
+
+
+def _check_init_from(cfg: PretrainConfig, model_type: str) -> None:
+    """Refuse an init_from the objective cannot train: only BERT has the next-sentence head mlm_nsp trains (a
+    RoBERTa has one token type, so the pairs' segment 1 is no row of its table)."""
+    m, t = cfg.model, cfg.train
+    if m.global_rope_theta is not None and model_type != "modernbert":
+        raise UserError(
+            f"model.global_rope_theta is a ModernBERT setting; model.init_from {m.init_from} is a "
+            f"{model_type} model: leave it out"
+        )
+    if t.objective == "mlm_nsp" and model_type != "bert":
+        raise UserError(
+            f"model.init_from {m.init_from} is a {model_type} model, which has no next-sentence head: set "
+            "train.objective=mlm (MLM-only shards: data shards --objective mlm)"
+        )
 
 
 RESUME_KEYS = (
@@ -775,7 +802,7 @@ def setup(
     if (found := ckpt.latest_checkpoint(ckpt_root) if resume else None) is not None:
         check_resume(cfg, found, allow_changed, info, loader.accum * info.world_size, data_signature(loader))
     torch.manual_seed(t.seed)  # the same init on every rank; DDP checks it
-    model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, model_rows(cfg, vocab_size, found)), info)
+    model, bert_cfg = build_model_for(cfg, build_bert_config(cfg, model_rows(cfg, vocab_size, found)), info, found)
     model.to(device)
     guard = _enter_fp8(cfg, model, device, precision, info, shards.seq_len if shards else loader.seq_len)
     optimizer = optimizer_for(model, o, device.type)
