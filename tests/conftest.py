@@ -127,3 +127,15 @@ def flash_stand_in(monkeypatch):
     monkeypatch.setattr(attn, "varlen_usable", lambda h, d: True)
     monkeypatch.setattr(attn, "varlen", kernel)
     return seen
+
+
+@pytest.fixture(scope="session")
+def demo_mlm(tmp_path_factory) -> Path:
+    """`data prepare --config demo_mlm` on builtin:python-docs (dupe factor 1: a few seconds): MLM-only shards,
+    their eval shards and vocab, shared read-only by the tests that train or benchmark on them."""
+    from bertforge.cli import main
+
+    root = tmp_path_factory.mktemp("demo_mlm")
+    sets = [f"output_dir={root}", "shards.dupe_factor=1", "shards.num_shards=2", "shards.workers=1"]
+    assert main(["data", "prepare", "--config", "demo_mlm", *[a for s in sets for a in ("--set", s)]]) == 0
+    return root

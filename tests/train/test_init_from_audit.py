@@ -135,3 +135,16 @@ def test_a_roberta_checkpoint_is_refused_for_next_sentence_prediction(tmp_path):
     data = make_shards(tmp_path / "shards", n_shards=1, rows=8, seq_len=32)
     with pytest.raises(UserError, match="is a roberta model, which has no next-sentence head: set train.objective=mlm"):
         run_pretrain(_cfg(data, tmp_path / "run", **{"model.init_from": str(src), "model.vocab_size": "null"}))
+
+
+def test_a_bert_checkpoint_with_one_token_type_is_refused_for_sentence_pairs(tmp_path):
+    """type_vocab_size 1: the pairs' segment 1 has no row (an IndexError at the first step, a device assert on a
+    GPU) once a masked-LM checkpoint's missing NSP head may start fresh; one line naming the objective to set."""
+    from bertforge.errors import UserError
+
+    src = tmp_path / "hf"
+    cfg = transformers.BertConfig(vocab_size=64, max_position_embeddings=64, type_vocab_size=1, **_SHAPE)
+    transformers.BertForMaskedLM(cfg).save_pretrained(src)
+    data = make_shards(tmp_path / "shards", n_shards=1, rows=8, seq_len=32)
+    with pytest.raises(UserError, match="has one token type .*: set train.objective=mlm"):
+        run_pretrain(_cfg(data, tmp_path / "run", **{"model.init_from": str(src), "model.vocab_size": "null"}))

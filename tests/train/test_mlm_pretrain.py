@@ -14,15 +14,6 @@ from bertforge.cli import main
 from bertforge.runtime.metrics import read_jsonl
 
 
-@pytest.fixture(scope="module")
-def demo_mlm(tmp_path_factory) -> Path:
-    """`data prepare --config demo_mlm` on builtin:python-docs (dupe factor 1: a few seconds)."""
-    root = tmp_path_factory.mktemp("demo_mlm")
-    sets = [f"output_dir={root}", "shards.dupe_factor=1", "shards.num_shards=2", "shards.workers=1"]
-    assert main(["data", "prepare", "--config", "demo_mlm", *[a for s in sets for a in ("--set", s)]]) == 0
-    return root
-
-
 def _pretrain(root: Path, out: Path, *extra: str, config: str = "demo_tiny_mlm_128") -> int:
     sets = {
         "data.input_dir": root / "shards_mlm",

@@ -22,20 +22,23 @@ from bertforge.optim.schedule import lr_at
 from bertforge.runtime.metrics import plot_lines, read_jsonl
 from bertforge.runtime.step import TrainStep, set_lr
 from bertforge.runtime.step import train_step as product_step
+from bertforge.train.config import OBJECTIVE_TASKS
 
 
-def _tta_side(impl: str, config, base_lr: float | None, precision: str):
+def _tta_side(impl: str, config, base_lr: float | None, precision: str, objective: str = "mlm_nsp"):
     """(lr, schedule, one-update function) for a side of `time_to_accuracy`: ours is the product's step with LAMB,
-    the baseline `hf_step` with AdamW."""
+    the baseline `hf_step` with AdamW. `objective`: the shards' (`ShardSet.objective`); on MLM-only shards ours
+    has no NSP head (train.objective mlm) and the baseline is `BertForMaskedLM`: the NSP models get no loss
+    without NSP labels."""
     cpu = torch.device("cpu")
     if impl == "ours":
-        model: torch.nn.Module = build_model(config, "pretraining")
+        model: torch.nn.Module = build_model(config, OBJECTIVE_TASKS[objective])
         lr = base_lr or 5e-3
         step = TrainStep.build(
             model, build_optimizer(model, "lamb", lr, 0.01, (0.9, 0.999), 1e-6, "cpu"), cpu, precision
         )
         return model, step.optimizer, lr, "poly", lambda x: product_step(step, [x], 1)
-    model, opt = hf_pretraining(config, cpu, weight_decay=0.01)
+    model, opt = hf_pretraining(config, cpu, weight_decay=0.01, objective=objective)
     lr = base_lr or 1e-3
     return model, opt, lr, "linear", lambda x: hf_step(model, opt, x, cpu, precision)
 
@@ -60,7 +63,9 @@ def time_to_accuracy(
 
     ours: the product's step with LAMB (lr 5e-3 by default, poly warmup over the first 5% of a `horizon`-step
     schedule), masked-only head; hf: the baseline helper (BertForPreTraining + AdamW, lr 1e-3 by default, linear
-    warmup and decay over the same steps). Both train and evaluate under the same autocast (`precision`).
+    warmup and decay over the same steps). On MLM-only shards (`data shards --objective mlm`) both train the MLM
+    head alone: ours as train.objective mlm, the baseline as BertForMaskedLM. Both train and evaluate under the
+    same autocast (`precision`).
     Evaluation time is excluded. `curve`: a JSON-lines file that gets (train_s, step, acc) after every
     evaluation. Returns seconds (inf if the limit was reached), steps and final accuracy.
     """
@@ -74,9 +79,10 @@ def time_to_accuracy(
         torch.manual_seed(0)
         it = PretrainLoader.from_dir(data_dir, batch, batch, 0, 1, seed=0, num_workers=1).iterate()
         evals = list(eval_iter(eval_dir, batch, max_batches=eval_batches))
-        vocab = ShardSet.open(data_dir).vocab_size or _vocab_from_shards(data_dir, 8)
+        shards = ShardSet.open(data_dir)
+        vocab = shards.vocab_size or _vocab_from_shards(data_dir, 8)
         config = BertConfig.from_preset(preset, vocab_size=vocab, max_position_embeddings=512)
-        model, opt, base_lr, kind, update = _tta_side(impl, config, lr, precision)
+        model, opt, base_lr, kind, update = _tta_side(impl, config, lr, precision, shards.objective)
         train_s, step, acc = 0.0, 0, 0.0
         while train_s < max_seconds:
             t0 = time.perf_counter()

@@ -6,6 +6,9 @@ micro-batches, the same autocast and device.
   the grad scaler, global clipping and the non-finite check of the real step;
 - hf: `transformers.BertForPreTraining` (SDPA) with dense MLM labels and AdamW in a plain loop.
 
+On MLM-only shards (`data shards --objective mlm`) both train the MLM head alone, as `train.objective` mlm does:
+ours without the NSP head, the baseline as `transformers.BertForMaskedLM` (what run_mlm.py trains).
+
 ModernBERT presets (`modernbert-*`) train the MLM head alone (no NSP) against `transformers.ModernBertForMaskedLM`
 (`hf_sparse`: its `sparse_prediction` option, off by default in transformers), on rows of varied length (padding
 from `min_len` up, `mask_rate` of each row's real tokens masked: MLM-only batches before packing).
@@ -25,11 +28,13 @@ from bertforge import device as dev
 from bertforge.bench.baseline import hf_pretraining, hf_step
 from bertforge.bench.harness import SetupCache
 from bertforge.data.loader import with_segments
+from bertforge.data.shardset import ShardSet
 from bertforge.model import MODEL_PRESETS, BertConfig, build_model
 from bertforge.model.flops import flops_per_sequence
 from bertforge.optim.lamb import build_optimizer
 from bertforge.runtime.step import TrainStep, wants_segments
 from bertforge.runtime.step import train_step as product_step
+from bertforge.train.config import OBJECTIVE_TASKS
 
 _CACHE = SetupCache()
 
@@ -87,6 +92,10 @@ def _build(impl, preset, precision, batch, seq, masked, data_dir, vocab, attenti
     dev.empty_cache(where)
     dev.reset_peak_memory(where)
     modern = MODEL_PRESETS[preset].model_type == "modernbert"
+    # the shards' objective picks both sides' heads, as train.objective does for `bertforge pretrain`: MLM-only
+    # shards (`data shards --objective mlm`) have no NSP labels, on which the NSP models return no loss
+    objective = ShardSet.open(data_dir).objective if data_dir else "mlm_nsp"
+    task = "mlm" if modern else OBJECTIVE_TASKS[objective]
     if data_dir:
         inputs = shard_batches(data_dir, batch)
     elif modern:
@@ -101,18 +110,18 @@ def _build(impl, preset, precision, batch, seq, masked, data_dir, vocab, attenti
         masked = sum(int((b["masked_positions"] > 0).sum()) for b in inputs) / (len(inputs) * batch)
     torch.manual_seed(0)
     if impl == "hf":
-        model, opt = hf_pretraining(config, where, sparse_prediction=mlm["hf_sparse"])
-        return where, config, (model, opt), inputs, seq, masked
+        model, opt = hf_pretraining(config, where, sparse_prediction=mlm["hf_sparse"], objective=objective)
+        return where, config, (model, opt), inputs, seq, masked, task
     if impl != "ours":
         raise ValueError(f"impl must be ours or hf, not {impl!r}")
     if wants_segments(where, attention, packed="position_ids" in inputs[0], fixed=bool(compile)):
         inputs = [with_segments(b) for b in inputs]  # as the product's loaders give them (runtime.step)
-    model = build_model(config, "mlm" if modern else "pretraining", attention=attention).to(where).train()
+    model = build_model(config, task, attention=attention).to(where).train()
     opt = build_optimizer(
         model, optimizer, 1e-4 if optimizer == "adamw" else 1e-3, 0.01, (0.9, 0.999), 1e-6, where.type
     )
     step = TrainStep.build(model, opt, where, dev.resolve_precision(precision, where), 1.0, compile)
-    return where, config, step, inputs, seq, masked
+    return where, config, step, inputs, seq, masked, task
 
 
 def train_step(
@@ -139,7 +148,8 @@ def train_step(
     mlm = {"mask_rate": mask_rate, "min_len": min_len, "hf_sparse": hf_sparse}
     key = (impl, preset, precision, batch, seq, masked, data_dir, vocab, attention, compile, device, optimizer)
     with dev.threads(threads):
-        where, config, runner, inputs, seq, masked = _CACHE.get(key + tuple(mlm.values()), lambda: _build(*key, mlm))
+        built = _CACHE.get(key + tuple(mlm.values()), lambda: _build(*key, mlm))
+        where, config, runner, inputs, seq, masked, task = built
         precision = dev.resolve_precision(precision, where)
         t0 = time.perf_counter()
         for i in range(steps):
@@ -157,7 +167,7 @@ def train_step(
         "seq_per_s": seq_per_s,
         "tokens_per_s": seq_per_s * real_tokens / batch,
         "step_ms": 1000 * elapsed / steps,
-        "mfu": flops_per_sequence(config, seq, masked, task="mlm" if config.modern else "pretraining", training=True)
+        "mfu": flops_per_sequence(config, seq, masked, task=task, training=True)
         * seq_per_s
         / dev.peak_flops(where, precision),
         "peak_mem_gb": dev.max_memory_allocated(where) / 2**30,

@@ -483,15 +483,17 @@ def build_model_for(
     """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
     config's dropout rates and rotary base replace its own; heads it lacks, a masked-LM checkpoint's pooler and
     NSP head, start fresh, said in one line); runtime choices applied from outside. `resumed`: this run's
-    checkpoint, which holds every weight: read from there, so a moved init_from directory does not stop --resume."""
+    checkpoint, which holds every weight: read from there when init_from has moved away, so that does not stop
+    --resume (restore() then loads the checkpoint's weights either way)."""
     m = cfg.model
     if m.init_from:
         from bertforge.model.hf_interop import config_from_hf, load_pretrained, read_config
 
-        asked, source = bert_cfg, str(resumed.model_dir) if resumed is not None else m.init_from
+        moved = resumed is not None and not Path(m.init_from).exists()
+        asked, source = bert_cfg, str(resumed.model_dir) if moved and resumed is not None else m.init_from
         raw, path = read_config(source)  # before any weight is read
         own = config_from_hf(raw, str(path))
-        _check_init_from(cfg, own.model_type)
+        _check_init_from(cfg, own)
         overrides = m.loaded_overrides() or {}
         if own.model_type == "modernbert":  # rotary positions, no table to outgrow: a phase extends the context
             overrides["max_position_embeddings"] = max(asked.max_position_embeddings, own.max_position_embeddings)
@@ -510,7 +512,7 @@ def build_model_for(
                 f"model.init_from {m.init_from}: its config.json decides the model's shape, not model.preset "
                 f"{m.preset} / model.max_position_embeddings / model.vocab_size ({', '.join(differ)} not used)",
             )
-        if (fresh := model.hf_load_info["initialised"]) and resumed is None:
+        if (fresh := model.hf_load_info["initialised"]) and resumed is None and not cfg.train.init_checkpoint:
             _log0(
                 info,
                 f"model.init_from {m.init_from} lacks {len(fresh)} weight(s), which start fresh: {', '.join(fresh)}",
@@ -523,19 +525,20 @@ def build_model_for(
     return model, bert_cfg
 
 
-def _check_init_from(cfg: PretrainConfig, model_type: str) -> None:
-    """Refuse an init_from the objective cannot train: only BERT has the next-sentence head mlm_nsp trains (a
-    RoBERTa has one token type, so the pairs' segment 1 is no row of its table)."""
-    m, t = cfg.model, cfg.train
+def _check_init_from(cfg: PretrainConfig, own) -> None:
+    """Refuse an init_from the objective cannot train: only a BERT with two token types can take mlm_nsp's
+    sentence pairs (a RoBERTa has one token type, so the pairs' segment 1 is no row of its table, and no NSP head)."""
+    m, t, model_type = cfg.model, cfg.train, own.model_type
     if m.global_rope_theta is not None and model_type != "modernbert":
         raise UserError(
             f"model.global_rope_theta is a ModernBERT setting; model.init_from {m.init_from} is a "
             f"{model_type} model: leave it out"
         )
-    if t.objective == "mlm_nsp" and model_type != "bert":
+    if t.objective == "mlm_nsp" and (model_type != "bert" or own.type_vocab_size < 2):
+        what = "has no next-sentence head" if model_type != "bert" else "has one token type (the pairs need two)"
         raise UserError(
-            f"model.init_from {m.init_from} is a {model_type} model, which has no next-sentence head: set "
-            "train.objective=mlm (MLM-only shards: data shards --objective mlm)"
+            f"model.init_from {m.init_from} is a {model_type} model, which {what}: set train.objective=mlm "
+            "(MLM-only shards: data shards --objective mlm)"
         )
 
 
