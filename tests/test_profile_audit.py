@@ -5,30 +5,9 @@ from __future__ import annotations
 import json
 
 import torch
+from tests.test_profile import _tiny_step
 
 from bertforge.runtime import profile as prof
-
-
-def _tiny_step():
-    from bertforge.model import BertConfig, build_model
-
-    torch.manual_seed(0)
-    model = build_model(BertConfig.from_preset("tiny", vocab_size=64, max_position_embeddings=32), "pretraining")
-    ids = torch.randint(5, 64, (2, 8))
-    batch = {
-        "input_ids": ids,
-        "attention_mask": torch.ones_like(ids),
-        "token_type_ids": torch.zeros_like(ids),
-        "masked_positions": torch.tensor([[1, 2]] * 2),
-        "masked_labels": torch.tensor([[7, 8]] * 2),
-        "nsp_labels": torch.tensor([0, 1]),
-    }
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        model(**batch).loss.backward()
-
-    return step
 
 
 def test_step_profiler_waits_for_the_device_where_its_window_opens_and_closes(tmp_path, monkeypatch):

@@ -19,6 +19,22 @@ def _fake_model(where: Path, weights: bytes) -> Path:
     return where
 
 
+def hf_side_params(tmp_path, monkeypatch, shards_set: str, ours_set: str, num_shards: int, eval_batches: int):
+    """quality_budget's params over `data prepare --config demo` shards (600-token vocab, `shards_set`) in
+    tmp_path/data, for `hf_side` with two updates and no speed calibration."""
+    from bertforge.cli import main
+
+    data = tmp_path / "data"
+    prep = [f"output_dir={data}", "shards.dupe_factor=1", f"shards.num_shards={num_shards}", "shards.workers=1"]
+    prep += ["docs.num_shards=1", "vocab.vocab_size=600", shards_set]
+    assert main(["data", "prepare", "--config", "demo", *[a for s in prep for a in ("--set", s)]]) == 0
+    monkeypatch.setattr(quality, "_hf_rate", lambda *a: 2.0)
+    p = {**quality.DEFAULTS, "data_dir": str(data / "shards"), "eval_dir": str(data / "eval"), "batch": 4}
+    p.update(vocab=str(data / "vocab"), budget_s=1.0, eval_every=2, eval_batches=eval_batches, calib_steps=1)
+    p.update(max_position_embeddings=128, ours_overrides=[ours_set])
+    return p
+
+
 def test_quality_glue_reruns_for_a_new_model_and_reuses_results_of_the_same_one(tmp_path, monkeypatch):
     """quality_budget pre-trains afresh on each call (`_pretrain --overwrite`), then fine-tuned GLUE into the same
     OUT/glue_<side>/: a second call's new weights made the suite refuse the first call's results ("another model
@@ -62,20 +78,13 @@ def test_the_baseline_trains_and_is_scored_on_ours_masks(tmp_path, monkeypatch):
     import torch
 
     from bertforge.bench import baseline
-    from bertforge.cli import main
     from bertforge.data.loader import eval_batches
 
-    data = tmp_path / "data"
-    prep = [f"output_dir={data}", "shards.dupe_factor=1", "shards.num_shards=2", "shards.workers=1"]
-    prep += ["docs.num_shards=1", "vocab.vocab_size=600", "shards.dynamic_masking=true"]
-    assert main(["data", "prepare", "--config", "demo", *[a for s in prep for a in ("--set", s)]]) == 0
     seen: list[list[dict[str, torch.Tensor]]] = []
     real = baseline.hf_mlm_accuracy
     monkeypatch.setattr(baseline, "hf_mlm_accuracy", lambda model, b: seen.append(b) or real(model, b))
-    monkeypatch.setattr(quality, "_hf_rate", lambda *a: 2.0)
-    p = {**quality.DEFAULTS, "data_dir": str(data / "shards"), "eval_dir": str(data / "eval"), "batch": 4}
-    p.update(vocab=str(data / "vocab"), budget_s=1.0, eval_every=2, eval_batches=2, calib_steps=1)
-    p.update(max_position_embeddings=128, ours_overrides=["data.mlm_probability=0.3"])
+    p = hf_side_params(tmp_path, monkeypatch, "shards.dynamic_masking=true", "data.mlm_probability=0.3", 2, 2)
+    data = tmp_path / "data"
     side = quality.hf_side(p, tmp_path / "hf")
     assert side["steps"] == 2 and 0.0 <= side["curve"][-1]["acc"] <= 1.0
     rows = len((data / "vocab" / "vocab.txt").read_text(encoding="utf-8").splitlines())

@@ -9,23 +9,15 @@ import math
 from pathlib import Path
 
 import pytest
+from tests.finetune.test_suite import SETS as SUITE_SETS
+from tests.finetune.test_suite_audit import hf_side_params
 from tests.helpers import one_line, write_rte
 
 from bertforge.cli import main
 from bertforge.errors import UserError
 from bertforge.finetune import suite
 
-SETS = [
-    "train.global_batch_size=8",
-    "train.micro_batch_size=8",
-    "train.precision=fp32",
-    "train.device=cpu",
-    "train.tensorboard=false",
-    "train.plot=false",
-    "train.log_every=100",
-    "task.max_seq_len=32",
-    "train.max_nonfinite_steps=1",
-]
+SETS = [*SUITE_SETS, "train.plot=false", "train.max_nonfinite_steps=1"]  # the suite tests' tiny recipe
 
 
 def _argv(encoder: Path, glue_dir: Path, out: Path, *extra: str) -> list[str]:
@@ -156,14 +148,7 @@ def test_the_hf_baseline_trains_on_mlm_only_shards(tmp_path, monkeypatch):
     from bertforge.bench import baseline, quality
     from bertforge.model.hf_interop import load_pretrained
 
-    data = tmp_path / "data"
-    prep = [f"output_dir={data}", "shards.dupe_factor=1", "shards.num_shards=1", "shards.workers=1"]
-    prep += ["docs.num_shards=1", "vocab.vocab_size=600", "shards.objective=mlm"]
-    assert main(["data", "prepare", "--config", "demo", *[a for s in prep for a in ("--set", s)]]) == 0
-    monkeypatch.setattr(quality, "_hf_rate", lambda *a: 2.0)
-    p = {**quality.DEFAULTS, "data_dir": str(data / "shards"), "eval_dir": str(data / "eval"), "batch": 4}
-    p.update(vocab=str(data / "vocab"), budget_s=1.0, eval_every=2, eval_batches=1, calib_steps=1)
-    p.update(max_position_embeddings=128, ours_overrides=["train.objective=mlm"])
+    p = hf_side_params(tmp_path, monkeypatch, "shards.objective=mlm", "train.objective=mlm", 1, 1)
     side = quality.hf_side(p, tmp_path / "hf")
     assert side["steps"] == 2 and 0.0 <= side["curve"][-1]["acc"] <= 1.0
     # the saved model is one the GLUE side fine-tunes (encoder weights found, a fresh pooler and classifier)

@@ -124,27 +124,26 @@ def test_a_masked_lm_checkpoint_continues_with_nsp_and_resumes_without_its_direc
     assert run_pretrain(_cfg(data, run, **extra), resume=True)["step"] == 2
 
 
-def test_a_roberta_checkpoint_is_refused_for_next_sentence_prediction(tmp_path):
-    """A RoBERTa has no NSP head and one token type: with mlm_nsp the pairs' segment 1 was an IndexError (a device
-    assert on a GPU) once its heads were allowed to start fresh; it is one line naming the objective to set."""
+@pytest.mark.parametrize(
+    ("model_type", "refusal"),
+    [
+        ("roberta", "is a roberta model, which has no next-sentence head: set train.objective=mlm"),
+        ("bert", "has one token type .*: set train.objective=mlm"),
+    ],
+)
+def test_a_checkpoint_with_one_token_type_is_refused_for_sentence_pairs(tmp_path, model_type, refusal):
+    """A RoBERTa (no NSP head), or a BERT with type_vocab_size 1: the pairs' segment 1 has no row (an IndexError
+    at the first step, a device assert on a GPU) once a checkpoint's missing NSP head may start fresh; one line
+    naming the objective to set."""
     from bertforge.errors import UserError
 
     src = tmp_path / "hf"
-    cfg = transformers.RobertaConfig(vocab_size=64, max_position_embeddings=66, type_vocab_size=1, **_SHAPE)
-    transformers.RobertaForMaskedLM(cfg).save_pretrained(src)
+    if model_type == "roberta":
+        cfg = transformers.RobertaConfig(vocab_size=64, max_position_embeddings=66, type_vocab_size=1, **_SHAPE)
+        transformers.RobertaForMaskedLM(cfg).save_pretrained(src)
+    else:
+        cfg = transformers.BertConfig(vocab_size=64, max_position_embeddings=64, type_vocab_size=1, **_SHAPE)
+        transformers.BertForMaskedLM(cfg).save_pretrained(src)
     data = make_shards(tmp_path / "shards", n_shards=1, rows=8, seq_len=32)
-    with pytest.raises(UserError, match="is a roberta model, which has no next-sentence head: set train.objective=mlm"):
-        run_pretrain(_cfg(data, tmp_path / "run", **{"model.init_from": str(src), "model.vocab_size": "null"}))
-
-
-def test_a_bert_checkpoint_with_one_token_type_is_refused_for_sentence_pairs(tmp_path):
-    """type_vocab_size 1: the pairs' segment 1 has no row (an IndexError at the first step, a device assert on a
-    GPU) once a masked-LM checkpoint's missing NSP head may start fresh; one line naming the objective to set."""
-    from bertforge.errors import UserError
-
-    src = tmp_path / "hf"
-    cfg = transformers.BertConfig(vocab_size=64, max_position_embeddings=64, type_vocab_size=1, **_SHAPE)
-    transformers.BertForMaskedLM(cfg).save_pretrained(src)
-    data = make_shards(tmp_path / "shards", n_shards=1, rows=8, seq_len=32)
-    with pytest.raises(UserError, match="has one token type .*: set train.objective=mlm"):
+    with pytest.raises(UserError, match=refusal):
         run_pretrain(_cfg(data, tmp_path / "run", **{"model.init_from": str(src), "model.vocab_size": "null"}))
