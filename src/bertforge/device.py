@@ -304,14 +304,20 @@ def device_name(device: torch.device) -> str:
     return device.type
 
 
-def cpu_model() -> str:
-    """The CPU's name: part of the matmul peak's cache key, so two machines must not share one name. Arm Linux
-    has no "model name" line, only the implementer and part numbers that tell a Graviton 2 from a Graviton 3."""
+def cpuinfo_fields() -> dict[str, str]:
+    """/proc/cpuinfo's fields of the first CPU listed (names lower-cased; empty values left out), {} without it."""
     fields: dict[str, str] = {}
     for line in _cpuinfo().splitlines():
         name, sep, value = line.partition(":")
         if sep and value.strip():
             fields.setdefault(name.strip().lower(), value.strip())  # the first CPU's
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's name: part of the matmul peak's cache key, so two machines must not share one name. Arm Linux
+    has no "model name" line, only the implementer and part numbers that tell a Graviton 2 from a Graviton 3."""
+    fields = cpuinfo_fields()
     for name in ("model name", "cpu model", "hardware", "cpu", "uarch"):  # x86; MIPS; old Arm; POWER; RISC-V
         if name in fields:
             return fields[name]

@@ -105,9 +105,9 @@ def test_predict_jsonl_fills_a_missing_optional_input_so_columns_stay_in_step(tm
     from bertforge.serve.cli import read_jsonl
 
     f = _jsonl(tmp_path, b'{"text": "a", "id": 1}\n{"text": "b", "text_pair": "c"}\n{"text": "d"}\n')
-    assert read_jsonl(str(f), "classify") == {"text": ["a", "b", "d"], "text_pair": ["", "c", ""]}
+    assert read_jsonl(str(f), "classify")[0] == {"text": ["a", "b", "d"], "text_pair": ["", "c", ""]}
     f = _jsonl(tmp_path, b'{"text": "a"}\n{"text": "b"}\n')
-    assert read_jsonl(str(f), "classify") == {"text": ["a", "b"]}  # no row has one: no column
+    assert read_jsonl(str(f), "classify")[0] == {"text": ["a", "b"]}  # no row has one: no column
 
 
 @pytest.mark.parametrize(

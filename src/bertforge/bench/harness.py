@@ -406,15 +406,8 @@ def cpu_id() -> str | None:
     EPYC" on Zen 3 and Zen 4 alike (docs/BENCHMARKS.md), whose bf16 speeds differ by 400x. None off Linux."""
     from bertforge import device as dev
 
-    fields: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-            if not line.strip() and fields:  # the first processor's block is enough
-                break
-    if len(fields) < 2:
+    fields = dev.cpuinfo_fields()
+    if "cpu family" not in fields or "model" not in fields:
         return None
     bf16 = "native bf16" if dev.cpu_has_native_bf16() else "no native bf16"
     return f"family {fields['cpu family']} model {fields['model']}, {bf16}"

@@ -170,7 +170,7 @@ def ours_data(p: dict[str, Any]) -> tuple[Any, list[dict[str, torch.Tensor]]]:
 
     cfg = load_config("pretrain", p["config"], _ours_sets(p))
     d, t = cfg.data, cfg.train
-    rows, vocab_size, _ = resolve_vocab(cfg, None)
+    rows, _, _ = resolve_vocab(cfg, None)
     loader = PretrainLoader.from_dir(
         p["data_dir"],
         p["batch"],
@@ -179,12 +179,12 @@ def ours_data(p: dict[str, Any]) -> tuple[Any, list[dict[str, torch.Tensor]]]:
         1,
         seed=t.seed,
         num_workers=1,
-        vocab_size=rows or vocab_size,
+        vocab_size=rows,
         mlm_probability=d.mlm_probability,
         mask_split=d.mask_split,
     )
     held_out = eval_batches(
-        d.eval_dir, t.micro_batch_size, 0, 1, d.eval_batches or None, vocab_size, t.seed, **d.eval_masking
+        d.eval_dir, t.micro_batch_size, 0, 1, d.eval_batches or None, rows, t.seed, **d.eval_masking
     )
     return loader, list(held_out)
 

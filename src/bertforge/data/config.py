@@ -6,6 +6,7 @@ import dataclasses
 
 from bertforge.config import refuse_empty_paths
 from bertforge.errors import ConfigError
+from bertforge.runtime.io import refuse_empty_paths as refuse_empty_flags
 
 MAX_SEQ_LEN = 32768
 """The longest row the masking keys address (`instances.mask_batch`: 15 bits of column)."""
@@ -168,5 +169,6 @@ class DataPrepConfig:
     def validate(self) -> None:
         # "" is the working directory: docs/, vocab/, the shards and data_config.yaml would land there (an unset
         # variable in `--set output_dir=$DIR`), as train.output_dir refuses for a run
-        if not self.output_dir.strip():
-            raise ConfigError("output_dir is empty: name the directory of the prepared data, e.g. runs/my_data")
+        refuse_empty_flags(
+            [("output_dir", self.output_dir)], "name the directory of the prepared data, e.g. runs/my_data", ConfigError
+        )

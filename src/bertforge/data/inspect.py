@@ -118,7 +118,7 @@ def _real_slots(path: Path, pos: np.ndarray, first_row: int, seq: int) -> np.nda
             f"shard {path} row {first_row + int(bad[0])}: masked_lm_positions holds "
             f"{int(row[(row < 0) | (row >= seq)][0])}, outside its {seq}-token rows; the shard is corrupt; {REMAKE}"
         )
-    return np.cumprod(pos != 0, axis=1).astype(bool)
+    return np.logical_and.accumulate(pos != 0, axis=1)
 
 
 def _packed_block(

@@ -407,7 +407,7 @@ class PretrainLoader:
         mask_split: tuple[float, float] = REPLACE_SPLIT,
     ) -> PretrainLoader:
         """`directory`: a shard directory or its `ShardSet`. `vocab_size`: the data's vocab rows, the bound of
-        dynamic masking's random words and of the id check (None: `data_vocab_size`). `mlm_probability` and
+        dynamic masking's random words and of the id check (None: the shards' vocab, `_spec`). `mlm_probability` and
         `mask_split`: the masking rate (None: the shards' own) and replacement split of shards masked here (see
         `masking_overrides`)."""
         shards = directory if isinstance(directory, ShardSet) else ShardSet.open(directory)
@@ -428,7 +428,7 @@ class PretrainLoader:
             micro_batch=micro_batch,
             seed=seed,
             chunk_rows=chunk_rows,
-            vocab_size=data_vocab_size(shards, vocab_size),
+            vocab_size=vocab_size,
             pack_per_row=pack_per_row,
             max_pred=max_pred,
             masking=masking_overrides(shards, mlm_probability, mask_split),
@@ -516,6 +516,10 @@ def _spec(
     """The loader's plain-data spec over `shards`; a dynamic shard's masking parameters fill in the defaults,
     `masking` (from `masking_overrides`) overrides them."""
     shards.check_datasets()  # a missing dataset: one line now, not a KeyError in collate
+    # no vocab_size: the shards' own (manifest, a dynamic shard's attribute), else BERT's 30522. A fixed 30522 drew
+    # dynamic masking's random words past a smaller data vocab: ids a model sized from the shards has no row for
+    if kw.get("vocab_size") is None:
+        kw["vocab_size"] = shards.vocab_size or 30522
     return LoaderSpec(
         files=[str(f) for f in shards.files],
         rows=[i.rows for i in shards.infos],
@@ -523,15 +527,6 @@ def _spec(
         **kw,
         **{"max_pred": max_pred or shards.max_pred or 20, **shards.masking_params(), **(masking or {})},
     )
-
-
-def data_vocab_size(shards: ShardSet, vocab_size: int | None) -> int:
-    """`vocab_size` when given, else the vocab the shards record (manifest, a dynamic shard's attribute), else
-    BERT's 30522. A fixed 30522 drew dynamic masking's random words past a smaller data vocab: ids that a model
-    sized from the shards has no embedding for (an IndexError at the first step of a caller that left it out)."""
-    if vocab_size is not None:
-        return vocab_size
-    return shards.vocab_size or 30522
 
 
 def masking_overrides(
@@ -592,7 +587,7 @@ def eval_batches(
         micro_batch=batch_size,
         seed=seed,
         shuffle=False,
-        vocab_size=data_vocab_size(shards, vocab_size),
+        vocab_size=vocab_size,
     )
     reader = LaneReader(spec, 0)
     total = -(-reader.epoch_rows // batch_size)

@@ -95,8 +95,10 @@ class Lamb(torch.optim.Optimizer):
             return torch.zeros(())
         # half-precision gradients' norms come out in fp32: in their own dtype a norm above 65504 (fp16) would be
         # inf, the clip factor 0 and the step an update of weight decay alone
-        full = [g for g in grads if g.dtype == _math_dtype(g)]
-        half = [g for g in grads if g.dtype != _math_dtype(g)]
+        full: list[torch.Tensor] = []
+        half: list[torch.Tensor] = []
+        for g in grads:
+            (full if g.dtype == _math_dtype(g) else half).append(g)
         norms = list(torch._foreach_norm(full)) if full else []
         norms += torch._foreach_norm(half, 2, dtype=torch.float32) if half else []
         dtype = torch.float64 if any(n.dtype == torch.float64 for n in norms) else torch.float32

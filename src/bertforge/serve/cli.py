@@ -334,7 +334,7 @@ def predict_run(args: argparse.Namespace) -> int:
     spec = TASKS[args.task]
     lines: list[int] | None = None
     if args.jsonl:
-        cols, lines = _read_jsonl(args.jsonl, args.task)
+        cols, lines = read_jsonl(args.jsonl, args.task)
     else:
         given = {"question": args.question, "context": args.context, "text": args.text, "text_pair": args.text_pair}
         cols = {io.name: given[io.name] for io in spec.inputs if given.get(io.name)}
@@ -412,15 +412,11 @@ def _refused_rows(msg: str, start: int, end: int, jsonl: str | None, lines: list
     return "the request" if start == 0 else f"the request of rows {start}-{end - 1}", msg
 
 
-def read_jsonl(path: str, task: str) -> dict[str, list[str]]:
+def read_jsonl(path: str, task: str) -> tuple[dict[str, list[str]], list[int]]:
     """`bertforge predict --jsonl`: the file's rows (`-`: stdin) as columns, one JSON object per non-blank line
-    holding the task's inputs as strings (other keys are ignored). A row without an optional input (text_pair)
-    gets an empty string, which the server takes as "no pair" for that row, so the columns stay in step."""
-    return _read_jsonl(path, task)[0]
-
-
-def _read_jsonl(path: str, task: str) -> tuple[dict[str, list[str]], list[int]]:
-    """`read_jsonl`'s columns, and each row's line number in the file (blank lines hold no row)."""
+    holding the task's inputs as strings (other keys are ignored), and each row's line number in the file (blank
+    lines hold no row). A row without an optional input (text_pair) gets an empty string, which the server takes
+    as "no pair" for that row, so the columns stay in step."""
     from bertforge.serve.tasks import TASKS
 
     inputs = TASKS[task].inputs

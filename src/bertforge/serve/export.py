@@ -166,13 +166,15 @@ def check_num_labels(model_dir: Path, head: str, num_labels: int) -> None:
     a head of another label count cannot load its weights, and the loader's shape error would send the user to
     config.json rather than to the flag."""
     kind = next((k for k in _CLASSIFIERS if head in k), None)
+    if kind is None:
+        return
     try:
         named = detect_head(model_dir)
     except UserError:  # no head named: the loader finds out what the weights hold
         return
-    if kind is None or named not in kind:
+    if named not in kind:
         return
-    n = num_labels_from(read_config(model_dir), f"{model_dir}/config.json")
+    n = num_labels_of(model_dir)
     if n != num_labels:
         raise UserError(
             f"--num-labels {num_labels}: {model_dir} holds a trained head of {n} label(s), which a head of "

@@ -91,11 +91,11 @@ class TrainState:
 
 
 # --------------------------------------------------------------------------------------------- pieces
-def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int | None, int, Path | None]:
+def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int, int, Path | None]:
     """(the data's vocab rows, the model's vocab size, vocab file to ship with checkpoints) from data.vocab, the
     shards' manifest, or model.vocab_size (synthetic data: data.synthetic_vocab_size). The data's rows bound the
     loader's random MLM words: a model.vocab_size set above them (NVIDIA's 30528, ModernBERT's 50368) adds rows
-    that are no token, which Google's masking never draws. None: nothing records them (the model's size serves)."""
+    that are no token, which Google's masking never draws. Where nothing records them, the model's size serves."""
     source = cfg.data.vocab
     if source is None and shards is not None and shards.vocab_file is not None:
         source = str(shards.vocab_file)
@@ -122,7 +122,7 @@ def resolve_vocab(cfg: PretrainConfig, shards: ShardSet | None) -> tuple[int | N
             f"model.vocab_size {size} is smaller than the vocab of the data ({rows} rows, {where}): its token ids "
             f"would fall outside the embedding; set model.vocab_size to at least {rows}, or leave it unset"
         )
-    return rows, size, vocab_file
+    return rows or size, size, vocab_file
 
 
 def open_data(cfg: PretrainConfig, info: ddp.DistInfo) -> ShardSet | None:
@@ -795,7 +795,7 @@ def setup(
     precision = dev.resolve_precision(cfg.train.precision, device)
     shards = open_data(cfg, info)
     data_rows, vocab_size, vocab_file = resolve_vocab(cfg, shards)
-    loader = build_loader(cfg, shards, info, data_rows or vocab_size)  # reads nothing yet (workers start at step 1)
+    loader = build_loader(cfg, shards, info, data_rows)  # reads nothing yet (workers start at step 1)
     packed, fixed = "packed" in loader.kind or cfg.data.pack_per_row > 0, "packed" in loader.kind  # see resolve_auto
     train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, dev.compiles_fast(device, info.distributed), fixed)
     cfg = replace(cfg, train=train_cfg, optim=optim_cfg)  # auto settings made concrete, as config.yaml records
@@ -843,7 +843,7 @@ def setup(
         precision,
         model,
         bert_cfg,
-        data_rows or vocab_size,
+        data_rows,
         vocab_file,
         step,
         loader,
