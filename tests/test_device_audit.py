@@ -5,6 +5,7 @@ import json
 import pathlib
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -217,3 +218,31 @@ def test_a_peak_cached_before_the_load_check_is_measured_again(measured, tmp_pat
     low = {"fp32_gflops": 2.0, "bf16_gflops": 1.0, "fp16_gflops": None, "size": 256, "device": "cpu", "threads": 2}
     (tmp_path / "matmul_peak.json").write_text(json.dumps({old_key: low}))
     assert dev.matmul_peak(cpu).fp32_gflops == 100.0 and len(measured) == 2
+
+
+def test_an_unwritable_cache_is_no_cache_not_an_error(measured, monkeypatch):
+    """write_text says an unwritable path as a UserError, which the cache's `suppress(OSError)` let through: a
+    read-only ~/.cache stopped `bertforge info` and every run's set-up instead of measuring without caching."""
+    from bertforge.errors import UserError
+
+    def unwritable(path, text):
+        raise UserError(f"cannot write {path} (Read-only file system)")
+
+    monkeypatch.setattr(dev, "write_text", unwritable)
+    snapshots(monkeypatch, (0.0, 0.0, 0.0), (3.0, 3.0, 3.0))  # idle: would be cached
+    assert dev.matmul_peak(torch.device("cpu")).fp32_gflops == 100.0
+
+
+def test_an_unwritable_cache_does_not_stop_a_packed_synthetic_source(tmp_path, monkeypatch):
+    from bertforge.data import synthetic
+    from bertforge.errors import UserError
+
+    def unwritable(path, text):
+        raise UserError(f"cannot write {path} (Read-only file system)")
+
+    monkeypatch.setenv("BERTFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("bertforge.runtime.io.write_text", unwritable)  # imported where the cache is written
+    hist = np.zeros(33, np.int64)
+    hist[[10, 20, 32]] = [40, 30, 20]
+    strategy = synthetic._cached_strategy(hist, 32, 3, "lpfhp")
+    assert strategy.sequences == 90

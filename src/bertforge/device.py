@@ -474,7 +474,7 @@ def matmul_peak(device: torch.device, refresh: bool = False, seconds: float = 1.
         print(f"warning: other processes took {contended:.0%} of the cores; cached as --refresh asks", file=sys.stderr)
     _uncached.pop((str(path), key), None)
     cache[key] = peak.__dict__
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, UserError):  # write_text says an unwritable cache as a UserError: no cache
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, json.dumps(cache, indent=1))
     return peak

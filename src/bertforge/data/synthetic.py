@@ -60,7 +60,7 @@ from bertforge.data import packing_rows as pr
 from bertforge.data.instances import mask_batch, num_to_predict
 from bertforge.data.loader import batch_arithmetic
 from bertforge.data.shardset import PACKED_SCHEMA, packed_rows_per_update
-from bertforge.errors import ConfigError
+from bertforge.errors import ConfigError, UserError
 
 MIN_LEN = 5
 """The shortest well-formed row: [CLS] a [SEP] b [SEP]."""
@@ -281,7 +281,8 @@ def _cached_strategy(hist: np.ndarray, seq_len: int, max_per_pack: int, algorith
         if len(combos) == len(cached.counts) and cached.sequences == int(hist.sum()):
             return cached
     strategy = pa.pack_histogram(hist, seq_len, max_per_pack, algorithm)
-    with contextlib.suppress(OSError):  # a read-only home: solved again next time, nothing lost
+    # a read-only home (write_text says it as a UserError): solved again next time, nothing lost
+    with contextlib.suppress(OSError, UserError):
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"combos": [list(c) for c in strategy.combos], "counts": strategy.counts.tolist()}
         write_text(path, json.dumps(data))
