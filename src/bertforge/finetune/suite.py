@@ -147,36 +147,27 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         rows = [r for r in results if r["task"] == task]
         # a diverged run has no score: left out of the medians, so the lr choice is among the runs that trained
         ok = [r for r in rows if not r.get("diverged")]
-        diverged = sorted(({"lr": r["lr"], "seed": r["seed"]} for r in rows if r.get("diverged")), key=_lr_seed)
+        diverged = sorted(
+            ({"lr": r["lr"], "seed": r["seed"]} for r in rows if r.get("diverged")), key=lambda d: (d["lr"], d["seed"])
+        )
         per_lr: dict[float, float | None] = {}
         for lr in sorted({r["lr"] for r in rows}):
             lr_scores = [task_score(r["metrics"]) for r in ok if r["lr"] == lr]
             per_lr[lr] = statistics.median(lr_scores) if lr_scores else None  # None: every seed diverged
         medians = {k: v for k, v in per_lr.items() if v is not None}
-        if not medians:  # every run of the task diverged: no score, not a made-up one
-            tasks[task] = {
-                "lr": None,
-                "seeds": [],
-                "metrics": None,
-                "score": None,
-                "seed_scores": [],
-                "spread": None,
-                "std": None,
-                "median_score_per_lr": {f"{k:g}": None for k in per_lr},
-                "diverged": diverged,
-            }
-            continue
-        lr = max(medians, key=lambda k: medians[k])  # ties: the smaller lr (sorted first)
+        # ties: the smaller lr (sorted first); no lr at all where every run of the task diverged: no score, not a
+        # made-up one
+        lr = max(medians, key=lambda k: medians[k]) if medians else None
         kept = sorted((r for r in ok if r["lr"] == lr), key=lambda r: r["seed"])
         scores = [task_score(r["metrics"]) for r in kept]
         tasks[task] = {
             "lr": lr,
             "seeds": [r["seed"] for r in kept],
-            "metrics": median_run_metrics(kept),
-            "score": statistics.median(scores),
+            "metrics": median_run_metrics(kept) if kept else None,
+            "score": statistics.median(scores) if scores else None,
             "seed_scores": scores,
-            "spread": max(scores) - min(scores),
-            "std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
+            "spread": max(scores) - min(scores) if scores else None,
+            "std": (float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0) if scores else None,
             "median_score_per_lr": {f"{k:g}": v for k, v in per_lr.items()},
             "diverged": diverged,
         }
@@ -190,10 +181,6 @@ def aggregate(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "avg_no_wnli": _mean(no_wnli),
         "diverged": [{"task": t, **d} for t, v in tasks.items() for d in v["diverged"]],
     }
-
-
-def _lr_seed(r: dict[str, Any]) -> tuple[float, int]:
-    return r["lr"], r["seed"]
 
 
 def _mean(scores: Sequence[float | None]) -> float | None:
