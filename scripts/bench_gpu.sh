@@ -21,7 +21,8 @@
 #   tests    the CUDA tests: compiled step, CUDA graphs (with accumulation, and layer by layer), bf16 LayerNorm,
 #            compiled LAMB, FP8, step parts, pinned loaders, varlen (attention dropout in the kernel, the
 #            segmented layout)
-#   profile  `bertforge pretrain --profile 10` of the best_* configurations (BERT-large phase 1 and 2, BERT-base
+#   profile  (or profile:base128, profile:large128, profile:large512: that one alone)
+#            `bertforge pretrain --profile 10` of the best_* configurations (BERT-large phase 1 and 2, BERT-base
 #            phase 1; CUDA graphs off): top kernels and the step's parts (forward, backward, clip, optimizer,
 #            between) into the log
 #   levers   pretrain_loop_gpu's new levers (attention dropout in the varlen kernel, the segmented layout,
@@ -30,7 +31,9 @@
 #            2026-11-26: benchmarks/reports/h100-2026-11-26; not in the default steps)
 #   loop     benchmarks/pretrain_loop_gpu.yml     issue 19: the rest of it (`bertforge pretrain` itself, vs HF)
 #   data     books+Wikipedia phase-1 shards (`data prepare --config books_wiki`) from the corpus's .xz samples
-#            in $CORPUS (default .carry/corpus, else ../shared/corpus); skipped when the shards exist
+#            in $CORPUS (default .carry/corpus, else ../shared/corpus); skipped when the shards exist, and
+#            copied from .carry/books_wiki where the shards were built beforehand and carried
+#            (`scripts/gpu_carry.sh --shards`: the curve's 300 x 256 sequences need 7 of the 64 shards)
 #   curve    benchmarks/pretrain_curve_gpu.yml    issue 19: 300 steps on those shards, fast paths vs eager
 #
 # #23's quality_budget_gpu runs one side per lease, named in its spec (`data`, then quality_budget_gpu:_ours or
@@ -134,11 +137,11 @@ for step in "${steps[@]}"; do
     levers) bench pretrain_loop_gpu:p2_large512_packed_loop,lever_sdpa,lever_unpadded,_varlen_,lever_compiled_large128,lever_compiled_base128,optcompiled,cudagraphs,lever_lpln,lever_compiled_nodrop ;;
     loop) bench pretrain_loop_gpu ;;
     long) bench modernbert_long_gpu ;;
-    profile)
+    profile | profile:*)  # profile:base128 (or large128, large512) profiles that one alone
       if python3 -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-        profile pretrain_large_128 128 20 256
-        profile pretrain_base_128 128 20 512
-        profile pretrain_large_512 512 80 64
+        [[ $step == profile || $step == *large128* ]] && profile pretrain_large_128 128 20 256
+        [[ $step == profile || $step == *base128* ]] && profile pretrain_base_128 128 20 512
+        [[ $step == profile || $step == *large512* ]] && profile pretrain_large_512 512 80 64
       else
         echo "profile: no CUDA device here (BERT-large on the CPU would take hours)"
       fi
@@ -146,6 +149,8 @@ for step in "${steps[@]}"; do
     data)
       if [ -f runs/books_wiki/shards_phase1/manifest.json ]; then
         echo "runs/books_wiki/shards_phase1 exists"
+      elif [ -f .carry/books_wiki/shards_phase1/manifest.json ]; then  # built where the CPU is, carried
+        mkdir -p runs && cp -r .carry/books_wiki runs/ && echo "runs/books_wiki from .carry/books_wiki"
       else
         timeout "$(left)" python3 -m bertforge data prepare --config books_wiki \
           --set "docs.source=$corpus/sample_*_50M.txt.xz"
