@@ -292,6 +292,24 @@ def test_auto_fast_paths_follow_the_measured_table():
     assert o.compile is False  # torch's AdamW is fused already
 
 
+def test_auto_bf16_layernorms_only_for_fast_bf16_pretraining():
+    """train.low_precision_layernorm defaults to auto: on where the H100 loop measured it (pre-training on one
+    CUDA device, `fast`, in bf16: 1.044x, its 300-step curve on the fp32 norms' track), off on the CPU, in fp16
+    (not measured) and fp32 (no autocast dtype); a user's value stays as set. The run's config.yaml records the
+    decision, so a resume reads the same."""
+    assert C.TrainConfig().low_precision_layernorm is None
+
+    def norms(fast: bool, precision: str, **train) -> bool | None:
+        return C.resolve_auto(C.TrainConfig(**train), C.OptimConfig(), fast, True, precision)[0].low_precision_layernorm
+
+    assert norms(True, "bf16") is True
+    assert (norms(False, "bf16"), norms(True, "fp16"), norms(True, "fp32")) == (False, False, False)
+    assert norms(True, "bf16", low_precision_layernorm=False) is False
+    assert norms(False, "bf16", low_precision_layernorm=True) is True
+    keys = {key: default for key, default, _ in C.describe(C.load_config("pretrain", "demo_tiny_128", []).__class__)}
+    assert keys["train.low_precision_layernorm"] == "auto"
+
+
 def test_auto_is_a_value_of_the_auto_switches_and_refused_elsewhere():
     cfg = C.load_config("pretrain", "demo_tiny_128", ["train.compile=true", "train.compile=auto", "optim.compile=auto"])
     assert cfg.train.compile is None and cfg.optim.compile is None

@@ -104,6 +104,7 @@ def loop_config(
         "train.compile=false",
         "train.cuda_graphs=false",
         "optim.compile=false",
+        "train.low_precision_layernorm=false",
         *_data_overrides(seq_len, max_pred, pack, pack_algorithm, histogram, data_dir),
         *(extra or []),
     ]

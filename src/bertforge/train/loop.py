@@ -779,6 +779,15 @@ def _check_finished(given: str | None, src: ckpt.Checkpoint, prev: TrainState) -
         )
 
 
+def _resolved(
+    cfg: PretrainConfig, device: torch.device, info: ddp.DistInfo, fixed: bool, precision: str
+) -> PretrainConfig:
+    """`config.resolve_auto` for this run: its device and process count, fixed-shape rows and precision."""
+    fast = dev.compiles_fast(device, info.distributed)
+    train, optim = resolve_auto(cfg.train, cfg.optim, fast, fixed, precision)
+    return replace(cfg, train=train, optim=optim)
+
+
 def setup(
     cfg: PretrainConfig,
     resume: bool = False,
@@ -797,8 +806,7 @@ def setup(
     data_rows, vocab_size, vocab_file = resolve_vocab(cfg, shards)
     loader = build_loader(cfg, shards, info, data_rows)  # reads nothing yet (workers start at step 1)
     packed, fixed = "packed" in loader.kind or cfg.data.pack_per_row > 0, "packed" in loader.kind  # see resolve_auto
-    train_cfg, optim_cfg = resolve_auto(cfg.train, cfg.optim, dev.compiles_fast(device, info.distributed), fixed)
-    cfg = replace(cfg, train=train_cfg, optim=optim_cfg)  # auto settings made concrete, as config.yaml records
+    cfg = _resolved(cfg, device, info, fixed, precision)  # auto settings made concrete, as config.yaml records
     t, o = cfg.train, cfg.optim
     dev.check_compile_toolchain(device, compile_keys(t, o))
     ckpt_root = Path(t.output_dir) / "checkpoints"
