@@ -378,6 +378,7 @@ def step_kind(train: TrainConfig, optim: OptimConfig) -> str:
         f"compiled ({train.compile_scope} scope)" if train.compile else "eager",
         "CUDA graphs" if train.cuda_graphs else "",
         "LAMB compiled" if optim.compile else "",
+        "bf16 LayerNorms" if train.low_precision_layernorm else "",  # the autocast dtype's (fp16 where set so)
     ]
     return ", ".join(p for p in parts if p)
 

@@ -194,6 +194,24 @@ def test_a_model_vocab_size_below_the_datas_vocab_is_refused(demo_mlm, tmp_path)
         resolve_vocab(cfg, ShardSet.open(cfg.data.input_dir))
 
 
+def test_auto_switches_see_the_runs_resolved_precision(demo_mlm, tmp_path, monkeypatch):
+    """train.low_precision_layernorm's auto depends on the precision the run resolved (bf16 only): setup hands
+    resolve_auto that, not the config's "auto"; config.yaml records the decision (off here: not a fast device)."""
+    import yaml
+
+    from bertforge.train import loop
+
+    seen = []
+    real = loop.resolve_auto
+    monkeypatch.setattr(loop, "resolve_auto", lambda t, o, fast, fixed, precision: seen.append(precision) or real(
+        t, o, fast, fixed, precision
+    ))  # fmt: skip
+    args = ("train.precision=bf16", "train.max_steps=1", "train.save_every=0")
+    assert _pretrain(demo_mlm, tmp_path / "run", *args) == 0
+    assert seen == ["bf16"]
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["low_precision_layernorm"] is False
+
+
 def test_rows_packed_on_the_fly_do_not_count_as_fixed_shapes(demo_mlm, tmp_path, monkeypatch):
     """data.pack_per_row packs each micro-batch's sequences into as many rows as they need, a number that varies
     from batch to batch: `auto` must not capture CUDA graphs for it as for packed shards' fixed rows (each new
