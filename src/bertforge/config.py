@@ -180,6 +180,11 @@ class TrainConfig:
     auto (null, the default): on for pre-training on one CUDA device with the step compiled as one graph, on
     packed rows under train.attention=auto or padded rows under sdpa (the fixed shapes the H100 loop measured:
     1.04-1.12x), without FP8; off elsewhere."""
+    compile_autotune: bool = False
+    """With train.compile=true: let inductor time Triton matmul kernels, with the pointwise work after them (bias,
+    GELU) fused in, against cuBLAS and keep the fastest for each shape (torch.compile's "max-autotune" modes; with
+    train.cuda_graphs, "max-autotune", else "max-autotune-no-cudagraphs"). The first step then waits minutes
+    longer. Not yet measured on a GPU (docs/pretraining.md); off by default."""
     activation_checkpointing: bool = False
     """Recompute each encoder layer in the backward pass to save activation memory."""
     low_precision_layernorm: bool | None = None
@@ -237,6 +242,10 @@ class TrainConfig:
             )
         if self.cuda_graphs and self.compile is not True:
             raise ConfigError("train.cuda_graphs captures the compiled step: set train.compile=true as well")
+        if self.compile_autotune and self.compile is not True:
+            raise ConfigError(
+                "train.compile_autotune tunes the compiled step's kernels: set train.compile=true as well"
+            )
         if self.cuda_graphs and self.device not in ("auto", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"train.cuda_graphs needs a CUDA device; train.device is {self.device!r}")
         if self.cuda_graphs and self.attention == "varlen":
@@ -368,14 +377,19 @@ def resolve_auto(
 
 
 def compile_mode(train: TrainConfig) -> bool | str:
-    """`TrainStep.build`'s compile argument: off, inductor's default mode, or with CUDA graphs."""
+    """`TrainStep.build`'s compile argument: off, inductor's default mode, with CUDA graphs, or autotuned (with
+    or without CUDA graphs: `train.compile_autotune`)."""
+    if train.compile and train.compile_autotune:
+        return "max-autotune" if train.cuda_graphs else "max-autotune-no-cudagraphs"
     return "reduce-overhead" if train.cuda_graphs else bool(train.compile)
 
 
 def step_kind(train: TrainConfig, optim: OptimConfig) -> str:
     """How the run's step executes, for its start-up line: "eager", or what is compiled and captured."""
     parts = [
-        f"compiled ({train.compile_scope} scope)" if train.compile else "eager",
+        f"compiled ({train.compile_scope} scope{', autotuned' if train.compile_autotune else ''})"
+        if train.compile
+        else "eager",
         "CUDA graphs" if train.cuda_graphs else "",
         "LAMB compiled" if optim.compile else "",
         "bf16 LayerNorms" if train.low_precision_layernorm else "",  # the autocast dtype's (fp16 where set so)
@@ -396,6 +410,7 @@ def compile_keys(train: TrainConfig, optim: OptimConfig) -> list[str]:
     asked = (
         ("train.compile", train.compile),
         ("train.cuda_graphs", train.cuda_graphs),
+        ("train.compile_autotune", train.compile_autotune),
         ("optim.compile", optim.compile),
     )
     return [k for k, on in asked if on]

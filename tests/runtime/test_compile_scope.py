@@ -102,3 +102,32 @@ def test_cuda_graphs_refuse_the_unpadded_layout():
     TrainConfig(compile=True, cuda_graphs=True, attention="auto").validate()
     with pytest.raises(ConfigError, match="train.cuda_graphs replays the same shapes every step, and train.attention"):
         TrainConfig(compile=True, cuda_graphs=True, attention="varlen").validate()
+
+
+def test_autotuned_compile_mode_follows_cuda_graphs_and_needs_the_compiled_step():
+    """train.compile_autotune picks inductor's max-autotune modes (CUDA graphs kept or not as train.cuda_graphs
+    says), is named in the start-up line, and is refused without train.compile=true (auto could leave it off)."""
+    from bertforge.config import OptimConfig, compile_mode, step_kind
+
+    tuned = TrainConfig(compile=True, compile_autotune=True)
+    assert compile_mode(tuned) == "max-autotune-no-cudagraphs"
+    assert compile_mode(TrainConfig(compile=True, cuda_graphs=True, compile_autotune=True)) == "max-autotune"
+    assert compile_mode(TrainConfig(compile=True)) is True
+    assert step_kind(tuned, OptimConfig()) == "compiled (model scope, autotuned)"
+    with pytest.raises(ConfigError, match="train.compile_autotune .* set train.compile=true"):
+        TrainConfig(compile_autotune=True).validate()
+
+
+def test_autotuned_step_matches_eager():
+    """The max-autotune mode without CUDA graphs (what train.compile_autotune runs on the CPU and, with
+    train.cuda_graphs off, on a GPU): the same loss and gradients as eager on a one-layer model."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = build_model(config(layers=1), "pretraining")
+    compiled = copy.deepcopy(model)
+    runner = compile_model(compiled, compiled, "max-autotune-no-cudagraphs", "model")
+    want_loss, want = loss_and_grads(model, model)
+    got_loss, got = loss_and_grads(runner, compiled)
+    torch.testing.assert_close(got_loss, want_loss, atol=1e-5, rtol=1e-5)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
