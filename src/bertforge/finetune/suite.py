@@ -7,7 +7,8 @@ One (task, lr, seed) is one call of the ordinary fine-tuning function (`runner.r
 D/runs/<task>/lr<lr>_seed<seed>/; its result (the best dev evaluation over the run's epochs, the official
 metrics x 100) goes to D/results/<task>/lr<lr>_seed<seed>.json, written atomically. A re-run reads the result
 files that exist and runs only the missing ones, so a crash or a kill loses at most the run in progress. A
-result written for another model or recipe (its `fingerprint`) is refused unless `overwrite`.
+result written for another model or recipe (its `fingerprint`) is refused unless `overwrite`, and a model, task
+file or config file (a preset too) that changes while the grid runs stops it: one table, one recipe.
 
 Per task, the learning rate kept is the one with the best median task score over seeds; the table shows the
 metrics of the run with that median score (`median_run_metrics`) and the seed spread (max - min of the task
@@ -262,7 +263,7 @@ def plot_table(results: Sequence[dict[str, Any]], table: dict[str, Any], png: st
 
 # ------------------------------------------------------------------------------------------- features
 class FeatureCache:
-    """Tokenized task data per (task, tokenizer files, max_seq_len, glue_dir, subset): built once, reused over
+    """Tokenized task data per (task, tokenizer files, max_seq_len, task files, subset): built once, reused over
     seeds and learning rates (and over models that share a tokenizer, when a caller keeps one cache)."""
 
     def __init__(self) -> None:
@@ -272,11 +273,19 @@ class FeatureCache:
     def get(self, opts: SuiteOptions, task: str, task_cfg) -> Any:
         from bertforge.data.vocab import load_tokenizer
         from bertforge.finetune.runner import FinetuneRun, glue_task_data
+        from bertforge.runtime.io import files_digest
 
-        glue_dir = str(Path(opts.glue_dir).resolve())
-        key = (task, tokenizer_sha(opts.model), task_cfg.max_seq_len, glue_dir, opts.max_train_examples)
+        train, devs = glue.default_files(task, opts.glue_dir)
+        # the task files by their bytes, not their folder: an edited TSV is tokenized again (a caller's cache lives
+        # over several suites), the same files elsewhere are not
+        key = (
+            task,
+            tokenizer_sha(opts.model),
+            task_cfg.max_seq_len,
+            files_digest([train, *devs]),
+            opts.max_train_examples,
+        )
         if key not in self.entries:
-            train, devs = glue.default_files(task, opts.glue_dir)
             run = FinetuneRun(task, opts.model, str(train), [str(d) for d in devs])
             data = glue_task_data(run, task_cfg, load_tokenizer(opts.model))
             if opts.max_train_examples and data.train is not None and len(data.train) > opts.max_train_examples:
@@ -318,16 +327,19 @@ def fingerprint(opts: SuiteOptions, task: str) -> dict[str, Any]:
     reused. Files by their names and bytes, not their paths or times: new weights at the same --model, an edited
     TSV of the task or an edited config file make another recipe (another task's files do not), and the same
     model or glue_data copied or re-deployed elsewhere keeps its results."""
+    from bertforge.config import find_preset
     from bertforge.runtime.io import files_digest
 
-    config = Path(opts.config) if opts.config else None
+    # the file load_config reads: a preset's name (the default glue_default) too, not only a path, so that an
+    # edited preset is another recipe
+    config = find_preset("finetune", opts.config) if opts.config else None
     train, devs = glue.default_files(task, opts.glue_dir)
     model = Path(opts.model)
     return {
         "model": files_digest(sorted(f for f in model.iterdir() if f.is_file()) if model.is_dir() else [model]),
         "data": files_digest([train, *devs]),
         "config": opts.config,
-        "config_file": files_digest([config]) if config is not None and config.is_file() else None,
+        "config_file": files_digest([config]) if config is not None else None,
         "overrides": sorted(opts.overrides),  # their order changes nothing
         "epochs": opts.epochs,
         "max_train_examples": opts.max_train_examples,
@@ -353,14 +365,20 @@ def read_result(path: Path, fp: dict[str, Any], overwrite: bool) -> dict[str, An
     if (old := rec.get("fingerprint")) != fp:
         if overwrite:
             return None
-        old = old if isinstance(old, dict) else {}
-        changed = [k for k in fp if old.get(k) != fp[k]] or ["recipe"]
-        what = ", ".join("the task's files" if k == "data" else k for k in changed)
+        what = _differences(old, fp)
         raise UserError(
             f"{path} is the result of another model or recipe ({what} differ); pass --overwrite to re-run it, or "
             "choose another --output-dir"
         )
     return rec
+
+
+def _differences(old: Any, fp: dict[str, Any]) -> str:
+    """What differs between two fingerprints, in words."""
+    old = old if isinstance(old, dict) else {}
+    changed = [k for k in fp if old.get(k) != fp[k]] or ["recipe"]
+    names = {"data": "the task's files", "config_file": f"the settings in --config {fp.get('config')}"}
+    return ", ".join(names.get(k, k) for k in changed)
 
 
 def run_config(opts: SuiteOptions, lr: float | None = None, seed: int | None = None, run_dir: Path | None = None):
@@ -379,6 +397,7 @@ def run_one(opts: SuiteOptions, task: str, lr: float, seed: int, data, log: Call
     from bertforge.finetune.runner import FinetuneRun, run_finetune
 
     run_dir = Path(opts.output_dir) / "runs" / task / f"lr{lr:g}_seed{seed}"
+    fp = fingerprint(opts, task)  # before the config is read: the recipe this run trains with
     cfg = run_config(opts, lr, seed, run_dir)
     train, devs = glue.default_files(task, opts.glue_dir)
     # the run dir is this suite's scratch for this (task, lr, seed): an interrupted attempt's best/ goes
@@ -402,7 +421,7 @@ def run_one(opts: SuiteOptions, task: str, lr: float, seed: int, data, log: Call
         "train_rows": len(data.train) if data.train is not None else 0,
         "train_s": summary["train_s"],
         "wall_s": time.perf_counter() - t0,
-        "fingerprint": fingerprint(opts, task),
+        "fingerprint": fp,
     }
     return {**rec, "diverged": summary["diverged"]} if "diverged" in summary else rec
 
@@ -433,10 +452,15 @@ _SUITE_KEYS = {"train.output_dir": "--output-dir", "train.seed": "--seeds", "opt
 
 
 def _check_overrides(opts: SuiteOptions) -> None:
+    from bertforge.config import config_class, renamed_keys
+
+    # the old flat names (`--set seed=3`) still set these keys: the suite's own value would replace them as well
+    moved = renamed_keys(config_class("finetune"))
     for entry in opts.overrides:
-        key = entry.partition("=")[0].strip()
-        if key in _SUITE_KEYS and (key != "optim.lr" or opts.lrs):
-            raise UserError(f"--set {key} is the suite's to set for each run: use {_SUITE_KEYS[key]} instead")
+        given = entry.partition("=")[0].strip()
+        for key in moved.get(given, (given,)):
+            if key in _SUITE_KEYS and (key != "optim.lr" or opts.lrs):
+                raise UserError(f"--set {given} is the suite's to set for each run: use {_SUITE_KEYS[key]} instead")
 
 
 def preflight(opts: SuiteOptions, log: Callable[[str], None]) -> tuple[list[str], list[float], Any]:
@@ -492,6 +516,14 @@ def _run_grid(opts: SuiteOptions, out: Path, log: Callable[[str], None], cache: 
         if rec is None:
             log(f"glue suite: {task} lr {lr:g} seed {seed}")
             rec = run_one(opts, task, lr, seed, cache.get(opts, task, base.task), log)
+            if rec["fingerprint"] != fps[task]:
+                # the config file, the task's files or the model changed while the grid ran (a preset edited for
+                # the next experiment): this run and the next would be of another recipe than the runs before
+                raise UserError(
+                    f"glue suite: {_differences(rec['fingerprint'], fps[task])} changed while the suite ran "
+                    f"({task} lr {lr:g} seed {seed} not recorded): put them back and run the command again, or pass "
+                    "--overwrite to re-run the grid with the new ones"
+                )
             path.parent.mkdir(parents=True, exist_ok=True)
             write_text(path, json.dumps(rec, indent=1))
             if rec.get("diverged"):
