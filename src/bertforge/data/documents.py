@@ -2,8 +2,8 @@
 
 Cleaning, per document: Unicode NFC normalisation; control characters dropped; runs of whitespace collapsed;
 each paragraph split into sentences with Bling Fire (`blingfire.text_to_sentences`, a fast maintained
-segmenter); documents shorter than `min_doc_chars` dropped. Document i of the stream goes to text shard
-i mod num_shards, so the output is fixed by the input and the shard count.
+segmenter); empty documents, and those shorter than `min_doc_chars`, dropped. Document i of the stream goes to
+text shard i mod num_shards, so the output is fixed by the input and the shard count.
 
 Wikipedia (`run_wiki`): the dump is cut into chunks of whole pages (`wikidump`); worker processes
 (`workers.WorkerPool`: one chunk each in flight, one read ahead) turn each chunk's wikitext into prose
@@ -19,6 +19,7 @@ the work.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import glob
 import itertools
@@ -63,6 +64,10 @@ CHUNK_BYTES = 4 << 20
 """Uncompressed dump XML per wiki chunk (one part file, one task)."""
 CLEANER = "wikiclean-1"
 """Recorded in a wiki manifest's settings: a new cleaner rebuilds documents made by an old one."""
+HEADINGS = "stacked"
+"""Recorded in a `--headings` wiki manifest's settings: documents written before headings were stacked as
+WikiExtractor stacks them (only the innermost heading was kept) are rebuilt; runs without --headings, whose
+documents did not change, are not."""
 MARKUP_READERS = {"wikitext": CLEANER, "wikiextractor": "wikiextractor-2"}
 """Recorded in a docs manifest's settings for a directory or glob read out of markup (`sources.markup`): the
 documents of a reader before these (raw wikitext of dumps found there, WikiExtractor's `&amp;`, its articles
@@ -217,14 +222,33 @@ def _check_outside(out: Path, source: str) -> None:
     elif src.is_file():  # reads only that file, whatever --out holds beside it
         inside = False
     else:  # a glob
-        hits = [h.resolve() for h in sources.local_files(source) if h.is_file()]
+        named = [h.resolve() for h in sources.local_files(source)]
+        folders = [h for h in named if h.is_dir()]  # read whole, as a directory source
         base = Path(*itertools.takewhile(lambda part: not glob.has_magic(part), src.parts)).resolve()
-        inside = any(here in h.parents for h in hits) or ("**" in source and (here == base or base in here.parents))
+        inside = (
+            any(here in h.parents for h in named if h.is_file())
+            or any(here == d or d in here.parents for d in folders)
+            or _glob_names(Path(os.path.abspath(out)), source)  # a new --out the glob names on the next run
+            or ("**" in source and (here == base or base in here.parents))
+        )
     if inside:
         raise UserError(
             f"--out {out} is inside what --source {source} reads: the next run would read these documents as its "
             "corpus; choose an --out outside it"
         )
+
+
+def _glob_names(path: Path, pattern: str) -> bool:
+    """Whether a non-recursive glob names `path` or a folder above it, existing or not (glob's `*` skips hidden
+    names)."""
+    pat = Path(os.path.abspath(pattern)).parts
+    return any(
+        len(p.parts) == len(pat)
+        and all(
+            fnmatch.fnmatchcase(a, b) and (b.startswith(".") or not a.startswith(".")) for a, b in zip(p.parts, pat)
+        )
+        for p in (path, *path.parents)
+    )
 
 
 def _check_foreign(out: Path) -> None:
@@ -313,7 +337,9 @@ def write_documents(
             for sents in sents_batch:
                 counts["raw_documents"] += 1
                 chars = sum(len(s) for s in sents)
-                if chars < min_doc_chars:
+                # an empty document (a blank row, an article of templates alone) is none, --min-doc-chars 0 too:
+                # written, it was a counted document that is only more blank lines in the text shard
+                if not sents or chars < min_doc_chars:
                     counts["dropped_short"] += 1
                     continue
                 writer.write("\n".join(sents))
@@ -345,6 +371,9 @@ def run_docs(
     reading = {"one_doc_per_file": one_doc_per_file, "inputs": sources.signature(source)}
     if kind := sources.markup(source):
         reading["cleaner"] = MARKUP_READERS[kind]
+    if not Path(source).exists() and any(p.is_dir() for p in sources.local_files(source)):
+        # a glob naming folders: the documents of a version that skipped the folders' files are rebuilt
+        reading["glob_folders"] = "read"
     return write_documents(docs, out_dir, num_shards, min_doc_chars, workers, source, log, reading)
 
 
@@ -398,7 +427,7 @@ def _wiki_chunk(job: _WikiJob, item: tuple[int, bytes | tuple[int, int], int]) -
             counts["raw_documents"] += 1
             sents = clean_document(wikiclean.clean_wikitext(page.text, job.prefixes, job.headings))
             chars = sum(map(len, sents))
-            if chars < job.min_doc_chars:
+            if not sents or chars < job.min_doc_chars:  # an empty article is none, --min-doc-chars 0 too
                 counts["dropped_short"] += 1
                 continue
             docs.append("\n".join(sents) + "\n\n")
@@ -497,6 +526,8 @@ def run_wiki(
         "cleaner": CLEANER,
         "inputs": sources.signature(str(d.path)),  # a dump replaced at the same path is another corpus
     }
+    if headings:
+        settings["heading_style"] = HEADINGS
     old = _up_to_date(out, settings, log, "data wiki")
     if old is not None:
         shutil.rmtree(out / "parts", ignore_errors=True)

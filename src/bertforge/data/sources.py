@@ -9,8 +9,9 @@ Sources (`SOURCE` of `bertforge data docs --source`, or `--dump` of `data wiki`)
   wiki`'s parallel chunks instead (`wikidump`, `documents.run_wiki`); a multistream dump's index is no text.
 - WikiExtractor output (files of `<doc id=... title=...>` ... `</doc>` blocks, or of its `--json` lines; `-c`'s
   `.bz2` files too), as a directory, a glob or a file: one document per block, the repeated title line dropped.
-- text files and globs: a blank line ends a document (or `one_doc_per_file`); `.xz`, `.gz` and `.bz2` text
-  files (not dumps) are decompressed as they are read, never whole in memory. A file in WikiText's raw
+- text files, directories and globs (a folder a glob names is read as a directory is): a blank line ends a
+  document (or `one_doc_per_file`); `.xz`, `.gz` and `.bz2` text files (not dumps) are decompressed as they are
+  read, never whole in memory. A file in WikiText's raw
   format (first non-blank line ` = Title = `) is read as WikiText: a top-level ` = Title = ` heading starts
   a new document, ` = = Section = = ` headings are dropped, WikiText's `@-@`, `@,@`, `@.@` joiners are undone.
 - `hf:NAME[:CONFIG]`: a Hugging Face dataset; a local directory saved with `save_to_disk` or a local data
@@ -79,16 +80,25 @@ def _corpus_files(source: str) -> list[Path]:
     (offset:id:title lines) is left out: it is no text."""
     path = Path(source)
     if path.is_dir():
-        # nothing under a hidden folder either: `.ipynb_checkpoints/` holds a second copy of each notebook's text
-        # files, `.git/` binary objects
-        found = sorted(
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
+        found = _dir_files(path)
     else:
-        found = [Path(h) for h in sorted(glob.glob(source, recursive=True)) if Path(h).is_file()]
+        # a folder the glob names is read as a folder given alone ('text/*' of WikiExtractor's text/AA, text/AB;
+        # 'runs/*/docs'): its files were skipped without a word; a recursive glob names a file more than once
+        hits = (Path(h) for h in sorted(glob.glob(source, recursive=True)))
+        found = list(
+            dict.fromkeys(f for h in hits for f in (_dir_files(h) if h.is_dir() else [h] if h.is_file() else []))
+        )
     return [p for p in found if not _DUMP_INDEX.search(p.name) and not _is_docs_manifest(p)]
+
+
+def _dir_files(path: Path) -> list[Path]:
+    """The files under a directory, sorted; nothing under a hidden folder either: `.ipynb_checkpoints/` holds a
+    second copy of each notebook's text files, `.git/` binary objects."""
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
 
 
 def _is_docs_manifest(path: Path) -> bool:
@@ -217,6 +227,10 @@ def _iter_files(files: list[Path], one_doc_per_file: bool) -> Iterator[Doc]:
             yield from _iter_wikiextractor_file(path, wikiextractor)
         elif _is_wikitext(path):
             yield from iter_wikitext(path)
+        elif _is_json_lines(path):  # read as text, the whole file was one document of JSON syntax
+            raise UserError(
+                f'{path} holds JSON lines ({{"text": ...}} objects), not plain text: read it with --source hf:{path}'
+            )
         elif one_doc_per_file:
             text = "".join(_read_text(path))
             if text.strip():
@@ -283,6 +297,22 @@ def _wikiextractor_format(path: Path) -> str | None:
     return None
 
 
+def _is_json_lines(path: Path) -> bool:
+    """A first non-blank line that is a JSON object with a "text" string: a C4/Pile-style `.jsonl[.gz]` file."""
+    try:
+        with open_text(path, errors="replace") as f:
+            line = next((ln for ln in f if ln.strip()), "")
+    except _DECOMPRESS_ERRORS:
+        return False
+    if not line.lstrip().startswith("{") or '"text"' not in line:
+        return False
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and isinstance(obj.get("text"), str)
+
+
 def _unescape(text: str) -> str:
     return html.unescape(text) if "&" in text else text
 
@@ -318,6 +348,8 @@ def _iter_wikiextractor_file(path: Path, fmt: str) -> Iterator[Doc]:
     for line in _read_text(path):
         m = _DOC_OPEN.match(line)
         if m:
+            if inside:  # the article before it has no </doc> (files cut and joined by hand): its text is kept
+                yield title, "".join(_drop_title_line(title, body))
             title, body, inside = _unescape(m.group(1)), [], True
         elif line.startswith("</doc>"):
             if inside:
@@ -325,6 +357,8 @@ def _iter_wikiextractor_file(path: Path, fmt: str) -> Iterator[Doc]:
             inside = False
         elif inside:
             body.append(_unescape(line))
+    if inside:  # a file cut off inside its last article keeps the lines written, as a cut-off dump keeps its pages
+        yield title, "".join(_drop_title_line(title, body))
 
 
 # ------------------------------------------------------------------------------------------- Wikipedia dumps
@@ -419,9 +453,14 @@ def iter_hf(spec: str) -> Iterator[Doc]:
             ds = datasets.load_from_disk(str(p))
         elif p.is_file():
             formats = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
-            fmt = formats.get(p.suffix)
+            # datasets decompresses .gz/.bz2/.xz data files itself: C4 ships as .json.gz
+            suffix = Path(p.stem).suffix if p.suffix.lower() in _COMPRESSED else p.suffix
+            fmt = formats.get(suffix.lower())
             if fmt is None:
-                raise UserError(f"hf:{name}: cannot tell the format of {p} (use .json/.jsonl/.csv/.parquet/.txt)")
+                raise UserError(
+                    f"hf:{name}: cannot tell the format of {p} (use .json/.jsonl/.csv/.parquet/.txt, "
+                    "or one of them .gz/.bz2/.xz)"
+                )
             ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
         else:
             ds = datasets.load_dataset(name, config or None, split="train")
