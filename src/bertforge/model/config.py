@@ -231,6 +231,16 @@ class BertConfig:
         }
         return cls(**{**kw, **overrides})
 
+    def replace(self, **changes: Any) -> BertConfig:
+        """A copy with `changes` (fields by name), validated. The one owner of the rule that the hidden rate is the
+        embeddings' rate too (model.hidden_dropout: "embeddings and sub-layer outputs", as in BERT): a ModernBERT
+        given a new hidden_dropout_prob without an embedding_dropout of its own follows it (None), as a preset
+        built with that rate does, rather than keep the old config's (a ModernBERT config.json states its
+        embedding_dropout). classifier_dropout stays (a null one follows the hidden rate, as in transformers)."""
+        if self.modern and "hidden_dropout_prob" in changes:
+            changes.setdefault("embedding_dropout", None)
+        return BertConfig(**{**self.to_dict(), **changes})
+
     def to_dict(self) -> dict[str, Any]:
         """The fields this model type uses (BERT/RoBERTa leave out MODERN_FIELDS)."""
         out = dataclasses.asdict(self)

@@ -498,27 +498,23 @@ def load_pretrained(
     `allow_missing_head`: heads (and the pooler) absent from the checkpoint keep their fresh init (fine-tuning
     from a pre-trained encoder); encoder weights must always be present. `reinit_mismatched_head`: so do head
     weights of another shape (fine-tuning a model fine-tuned for another label count). `config_overrides`:
-    BertConfig fields to replace (dropout rates for fine-tuning, a ModernBERT's global rotary base). A
-    hidden_dropout_prob also replaces a ModernBERT's embedding_dropout (unless given too); classifier_dropout stays
-    the file's (a null follows the hidden rate, as in transformers).
+    BertConfig fields to replace (dropout rates for fine-tuning, a ModernBERT's global rotary base), through
+    `BertConfig.replace`: a hidden_dropout_prob also sets a ModernBERT's embedding rate (unless embedding_dropout is
+    given too); classifier_dropout stays the file's (a null follows the hidden rate, as in transformers).
     """
     path = Path(path)
     raw, cfile = read_config(path)
     config = config_from_hf({**raw, **(config_overrides or {})}, str(cfile))
-    if config_overrides:  # ours win over any spelling in the file (a ModernBERT's rope_parameters included)
-        overrides = dict(config_overrides)
-        if config.modern and "hidden_dropout_prob" in overrides:
-            # the hidden rate is the embeddings' too (model.hidden_dropout: "embeddings and sub-layer outputs"),
-            # as in BERT; a ModernBERT config.json states its embedding_dropout, which would keep the file's rate
-            overrides.setdefault("embedding_dropout", None)
-        config = BertConfig(**{**config.to_dict(), **overrides})
+    if config_overrides:  # ours win over any spelling in the file (a ModernBERT's rope_parameters included);
+        # `replace` owns the rule of which rates a hidden_dropout_prob sets
+        config = config.replace(**config_overrides)
     wfile = _weights_file(path)
     sd = normalise_keys(read_state_dict(wfile), config.model_type)
     rows = _word_rows(sd, config.model_type, wfile)
     if rows is not None and rows != config.vocab_size:
         # NVIDIA/Habana pad the vocab to a multiple of 8 (30522 -> 30528); keep the padded rows
         if rows > config.vocab_size and rows % 8 == 0 and rows - config.vocab_size < 8:
-            config = BertConfig(**{**config.to_dict(), "vocab_size": rows})
+            config = config.replace(vocab_size=rows)
         else:
             raise UserError(
                 f"{wfile}: word embeddings have {rows} rows but config.json says vocab_size {config.vocab_size}"
@@ -547,8 +543,13 @@ def load_hf_state_dict(
     loaded: dict[str, torch.Tensor] = {}
     qkv_parts: dict[str, dict[str, torch.Tensor]] = {}
     ignored, tied = [], {}
+    has_mlm = any(k.startswith("cls.predictions.") for k in ours)
     for key, value in sd.items():
         if key.startswith(TIED_DECODER[mt]):
+            if not has_mlm:  # another task's head, as transformers ignores it: whether it is tied is not ours to
+                # check (an untied masked-LM checkpoint still starts a classifier or gives its encoder)
+                ignored.append(key)
+                continue
             tied[key[len(TIED_DECODER[mt]) :]] = value
             continue
         if BUFFERS.search(key):

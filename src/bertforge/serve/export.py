@@ -305,15 +305,22 @@ def load(
         n = num_labels_from(raw, source) if problem_type_from(raw, source) == "regression" else 1
         if n > 1 and num_labels in (None, n):  # the source's head; a fresh regression head has one output
             head, num_labels = "classification", n
-    if head == ENCODER:
+    encoder = head == ENCODER
+    if encoder:
         # built as a sequence classifier, the one head that keeps the pooler; a classification head in the
-        # checkpoint loads (num_labels from config.json), every other head's weights are ignored
+        # checkpoint loads (num_labels from config.json), every other head's weights are ignored, and one of
+        # another width (a multiple-choice model's one output) starts fresh: no head is exported
         head, num_labels, init_head = "classification", num_labels_of(model_dir), True
     if num_labels is None:
         num_labels = num_labels_of(model_dir) if head in ("classification", "token_classification") else 2
     torch.manual_seed(seed)  # the fresh head of --init-head is reproducible
     model, config = load_pretrained(
-        model_dir, head, num_labels=num_labels, attention=attention, allow_missing_head=init_head
+        model_dir,
+        head,
+        num_labels=num_labels,
+        attention=attention,
+        allow_missing_head=init_head,
+        reinit_mismatched_head=encoder,
     )
     return model.eval(), config
 
@@ -332,7 +339,10 @@ def save_encoder(model, config, out: Path, model_dir: Path) -> None:
     # BertModel would load it without a word and answer pooler_output from random weights; left out, transformers
     # says it is missing, as it does for the source
     info = getattr(model, "hf_load_info", {})
-    fresh = {ours_to_hf(n, config.model_type, model.task) for n in info.get("initialised", [])}
+    fresh = {
+        ours_to_hf(n, config.model_type, model.task)
+        for n in (*info.get("initialised", []), *info.get("reinitialised", []))
+    }
     sd = {k[len(prefix) :]: v for k, v in hf_state_dict(model).items() if k.startswith(keep) and k not in fresh}
     if not sd:  # transformers would fill an empty file with random weights, without a word
         raise RuntimeError(f"no {config.model_type} encoder weights under {keep}: the key table is out of date")
