@@ -15,8 +15,9 @@ whitespace-token bookkeeping:
 
 Postprocessing: per question, over all its windows, the top `n_best` start and end logits inside the context,
 end >= start, length <= `max_answer_len`, max-context start, score = start + end logit; the text is the slice of
-the original context between the start token's first and the end token's last character. v2.0: the null score
-is the smallest [CLS] start+end over the windows, and the answer is "" when null - best span > threshold.
+the original context between the start token's first and the end token's last character (and the combining marks
+after it that an accent-stripping normaliser drops). v2.0: the null score is the smallest [CLS] start+end over the
+windows, and the answer is "" when null - best span > threshold.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -205,7 +207,12 @@ def _encode_unique(tokenizer, texts: Sequence[str]) -> dict[str, Any]:
 
 def _trimmed_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
     """(n, 2) token character spans without surrounding whitespace: byte-level BPE (RoBERTa) tokens carry their
-    leading space ("Ġparis" spans " paris") unless a post-processor trims them, and we encode without one."""
+    leading space ("Ġparis" spans " paris") unless a post-processor trims them, and we encode without one.
+
+    A token also takes the combining marks that follow it and that no token holds: an accent-stripping
+    (uncased) normaliser drops them, so a decomposed "Beyonce\u0301" (or Hindi "में", whose vowel signs are
+    marks) is one token ending before its last mark, and the answer would lose it ("Beyonce", "म"). Google's
+    run_squad.py answers with the original words, marks included."""
     out = np.asarray(offsets, dtype=np.int64).reshape(-1, 2).copy()
     for row in out:
         s, e = int(row[0]), int(row[1])
@@ -214,6 +221,18 @@ def _trimmed_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarra
         while e > s + 1 and text[e - 1].isspace():
             e -= 1
         row[0], row[1] = s, e
+    covered = None  # (len(text),) bool: held by some token; built only for a text with a mark after a token
+    for row in out:
+        e = int(row[1])
+        if e >= len(text) or not unicodedata.category(text[e]).startswith("M"):
+            continue
+        if covered is None:
+            covered = np.zeros(len(text), dtype=bool)
+            for s2, e2 in out.tolist():
+                covered[s2:e2] = True
+        while e < len(text) and not covered[e] and unicodedata.category(text[e]).startswith("M"):
+            e += 1
+        row[1] = e
     return out
 
 
