@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -483,27 +484,31 @@ def build_model_for(
     """A fresh model of the preset, or the weights of model.init_from (its config.json decides the shape; the
     config's dropout rates and rotary base replace its own; heads it lacks, a masked-LM checkpoint's pooler and
     NSP head, start fresh, said in one line); runtime choices applied from outside. `resumed`: this run's
-    checkpoint, which holds every weight: read from there when init_from has moved away, so that does not stop
-    --resume (restore() then loads the checkpoint's weights either way)."""
+    checkpoint. The checkpoint a run starts from (`resumed`, else train.init_checkpoint's) holds every weight and
+    restore() loads them all: then only its config.json is read, which init_from's decided when it was written.
+    Reading init_from's weights first was wasted, and one moved away or damaged since stopped the run."""
     m = cfg.model
     if m.init_from:
         from bertforge.model.hf_interop import config_from_hf, load_pretrained, read_config
 
-        moved = resumed is not None and not Path(m.init_from).exists()
-        asked, source = bert_cfg, str(resumed.model_dir) if moved and resumed is not None else m.init_from
+        start = resumed or (ckpt.find_checkpoint(cfg.train.init_checkpoint) if cfg.train.init_checkpoint else None)
+        asked, source = bert_cfg, str(start.model_dir) if start is not None else m.init_from
         raw, path = read_config(source)  # before any weight is read
         own = config_from_hf(raw, str(path))
         _check_init_from(cfg, own)
         overrides = m.loaded_overrides() or {}
         if own.model_type == "modernbert":  # rotary positions, no table to outgrow: a phase extends the context
             overrides["max_position_embeddings"] = max(asked.max_position_embeddings, own.max_position_embeddings)
-        model, bert_cfg = load_pretrained(
-            source,
-            cfg.train.task,
-            attention=cfg.train.attention,
-            config_overrides=overrides or None,
-            allow_missing_head=True,
-        )
+        if start is not None:
+            model, bert_cfg = _built_as_loaded(own, overrides, cfg)
+        else:
+            model, bert_cfg = load_pretrained(
+                source,
+                cfg.train.task,
+                attention=cfg.train.attention,
+                config_overrides=overrides or None,
+                allow_missing_head=True,
+            )
         differ = [f"{k} {getattr(asked, k)}" for k in _shape_diff(asked, bert_cfg)]
         differ += [f"vocab_size {m.vocab_size}"] if m.vocab_size and m.vocab_size != bert_cfg.vocab_size else []
         if differ:
@@ -512,7 +517,7 @@ def build_model_for(
                 f"model.init_from {m.init_from}: its config.json decides the model's shape, not model.preset "
                 f"{m.preset} / model.max_position_embeddings / model.vocab_size ({', '.join(differ)} not used)",
             )
-        if (fresh := model.hf_load_info["initialised"]) and resumed is None and not cfg.train.init_checkpoint:
+        if start is None and (fresh := model.hf_load_info["initialised"]):
             _log0(
                 info,
                 f"model.init_from {m.init_from} lacks {len(fresh)} weight(s), which start fresh: {', '.join(fresh)}",
@@ -523,6 +528,15 @@ def build_model_for(
         model = build_model(bert_cfg, cfg.train.task, attention=cfg.train.attention)
     apply_model_choices(model, cfg.train)
     return model, bert_cfg
+
+
+def _built_as_loaded(own, overrides: dict[str, Any], cfg: PretrainConfig) -> tuple[BertForTask, Any]:
+    """The model `load_pretrained(..., config_overrides=overrides)` builds from a checkpoint whose config is `own`,
+    its weights left to restore() (which loads every one of them from that checkpoint)."""
+    from bertforge.model import build_model
+
+    config = own.replace(**overrides)  # as load_pretrained applies them (BertConfig.replace owns the dropout rule)
+    return build_model(config, cfg.train.task, attention=cfg.train.attention), config
 
 
 def _check_init_from(cfg: PretrainConfig, own) -> None:
@@ -1005,6 +1019,41 @@ def evaluate_run(run: Run) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------- the loop
+
+
+@contextlib.contextmanager
+def _closed_on_error(run: Run, prof: StepProfiler | None) -> Iterator[None]:
+    """Left open when the loop raises, torch.profiler recorded every op of the calling process from then on (and
+    refused the next profile), and the power sampler's thread went on sampling: both closed, and the metrics
+    file; the loop's error is the one reported."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            if prof is not None:
+                prof.__exit__(*sys.exc_info())
+        with contextlib.suppress(Exception):
+            run.logger.close()
+        if run.power is not None:
+            run.power.close()
+        raise
+
+
+def _wind_up(
+    run: Run, window: _Window, lr: float, last_saved: int, last_eval: int, eval_metrics: dict[str, float]
+) -> dict[str, float]:
+    """After the loop: the row of steps since the last log line (a stop between two, train.stop_after_steps), the
+    final checkpoint and evaluation where the loop's last step had none; the latest evaluation's metrics."""
+    t, step = run.cfg.train, run.state.step
+    if window.updates:
+        _log_window(run, window, lr)
+    if t.save_every and last_saved != step:
+        save(run, window)
+    if run.cfg.data.eval_dir and last_eval != step:
+        return evaluate_run(run)
+    return eval_metrics
+
+
 def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -> dict[str, Any]:
     """restore -> for step: one `train_step` over accum micro-batches -> every N: log / eval / save.
     `profile_steps`: record that many steps (after one warm-up step) with torch.profiler into
@@ -1013,70 +1062,66 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
     t, o, state = run.cfg.train, run.cfg.optim, run.state
     stop_at = _stop_at(t, state.step)
     prof = _profiler(run, profile_steps)
-    batches = _one_line_errors(run.loader.iterate(start_batch=state.batches))
-    window = _Window(run.device)
-    nonfinite_run = 0
-    last_saved = state.step if run.resumed else -1  # a resumed finished run does not re-save
-    last_eval = -1
-    eval_metrics: dict[str, float] = {}
-    run.t_start = time.perf_counter()
-    run.step.model.train()
-    if (notice := compile_notice(t)) and state.step < stop_at:
-        _log0(run.info, notice)
-    while state.step < stop_at:
-        lr = lr_at(state.step + 1, o.lr, t.max_steps, o.warmup, o.schedule, o.decay, o.decay_shape)
-        set_lr(run.step.optimizer, lr)
-        result = train_step(run.step, window.timed(batches, run.loader.accum), run.loader.accum, window.add)
-        state.batches += 1
-        if prof is not None and not prof.done:
-            prof.step()
-            if prof.done:
-                _profiled(run, prof)
-        fell_back = run.fp8_guard is not None and run.fp8_guard.observe(result.finite)
-        if fell_back:
-            _leave_fp8(run)
-        if run.first_step_s is None:  # train_step synced the host: the device has finished the step
-            run.first_step_s = time.perf_counter() - run.t_created
-            _log0(run.info, f"first step done {run.first_step_s:.1f}s after set-up began (compile included)")
-        if result.finite:
-            state.step += 1
-            nonfinite_run = 0
-            window.grad_norm_sum += result.grad_norm.double()
-            window.updates += 1
-        else:
-            state.skipped += 1
-            window.skipped += 1
-            nonfinite_run = 0 if fell_back else nonfinite_run + 1  # bf16 gets its own max_nonfinite_steps tries
-            if nonfinite_run >= t.max_nonfinite_steps:
-                _stop_nonfinite(run, window, nonfinite_run)
-            continue
-        last = state.step == t.max_steps
-        logging = state.step % t.log_every == 0 or last
-        evaluating = bool(run.cfg.data.eval_dir) and (state.step % t.eval_every == 0 or last)
-        saving = bool(t.save_every) and (state.step % t.save_every == 0 or last)
-        if logging:  # the window ends once the device has finished this update (its optimizer kernels too)
-            _log_window(run, window, lr)
-        elif evaluating or saving:
-            dev.synchronize(run.device)  # this update's last kernels are its window's time, not the pause's
-        t_pause = time.perf_counter()  # the log line, eval and checkpoints stay out of the throughput window
-        if evaluating:
-            eval_metrics = evaluate_run(run)
-            _log(run, eval_metrics)
-            last_eval = state.step
-        if saving:
-            save(run, window)
-            last_saved = state.step
-        # a flushed window starts now; an open one skips the pause. (Not `t0 += pause` after a flush: flush()
-        # already restarted t0 after its device sync, which that window counted, and the next would lose it)
-        window.t0 = time.perf_counter() if logging else window.t0 + time.perf_counter() - t_pause
-        if preempt is not None and preempt.agreed(run.device):  # an all-reduce under torchrun: loop time
-            _stop_preempted(run, preempt, window, lr, last_saved)
-    if window.updates:  # stopped between two log lines (train.stop_after_steps): those steps get their row
-        _log_window(run, window, lr)
-    if t.save_every and last_saved != state.step:
-        save(run, window)
-    if run.cfg.data.eval_dir and last_eval != state.step:
-        eval_metrics = evaluate_run(run)
+    with _closed_on_error(run, prof):  # a loop that raises (a non-finite stop, a signal, a damaged shard)
+        batches = _one_line_errors(run.loader.iterate(start_batch=state.batches))
+        window = _Window(run.device)
+        nonfinite_run = 0
+        last_saved = state.step if run.resumed else -1  # a resumed finished run does not re-save
+        last_eval, lr = -1, 0.0  # lr: the last update's, for a row the wind-up logs
+        eval_metrics: dict[str, float] = {}
+        run.t_start = time.perf_counter()
+        run.step.model.train()
+        if (notice := compile_notice(t)) and state.step < stop_at:
+            _log0(run.info, notice)
+        while state.step < stop_at:
+            lr = lr_at(state.step + 1, o.lr, t.max_steps, o.warmup, o.schedule, o.decay, o.decay_shape)
+            set_lr(run.step.optimizer, lr)
+            result = train_step(run.step, window.timed(batches, run.loader.accum), run.loader.accum, window.add)
+            state.batches += 1
+            if prof is not None and not prof.done:
+                prof.step()
+                if prof.done:
+                    _profiled(run, prof)
+            fell_back = run.fp8_guard is not None and run.fp8_guard.observe(result.finite)
+            if fell_back:
+                _leave_fp8(run)
+            if run.first_step_s is None:  # train_step synced the host: the device has finished the step
+                run.first_step_s = time.perf_counter() - run.t_created
+                _log0(run.info, f"first step done {run.first_step_s:.1f}s after set-up began (compile included)")
+            if result.finite:
+                state.step += 1
+                nonfinite_run = 0
+                window.grad_norm_sum += result.grad_norm.double()
+                window.updates += 1
+            else:
+                state.skipped += 1
+                window.skipped += 1
+                nonfinite_run = 0 if fell_back else nonfinite_run + 1  # bf16 gets its own max_nonfinite_steps tries
+                if nonfinite_run >= t.max_nonfinite_steps:
+                    _stop_nonfinite(run, window, nonfinite_run)
+                continue
+            last = state.step == t.max_steps
+            logging = state.step % t.log_every == 0 or last
+            evaluating = bool(run.cfg.data.eval_dir) and (state.step % t.eval_every == 0 or last)
+            saving = bool(t.save_every) and (state.step % t.save_every == 0 or last)
+            if logging:  # the window ends once the device has finished this update (its optimizer kernels too)
+                _log_window(run, window, lr)
+            elif evaluating or saving:
+                dev.synchronize(run.device)  # this update's last kernels are its window's time, not the pause's
+            t_pause = time.perf_counter()  # the log line, eval and checkpoints stay out of the throughput window
+            if evaluating:
+                eval_metrics = evaluate_run(run)
+                _log(run, eval_metrics)
+                last_eval = state.step
+            if saving:
+                save(run, window)
+                last_saved = state.step
+            # a flushed window starts now; an open one skips the pause. (Not `t0 += pause` after a flush: flush()
+            # already restarted t0 after its device sync, which that window counted, and the next would lose it)
+            window.t0 = time.perf_counter() if logging else window.t0 + time.perf_counter() - t_pause
+            if preempt is not None and preempt.agreed(run.device):  # an all-reduce under torchrun: loop time
+                _stop_preempted(run, preempt, window, lr, last_saved)
+        eval_metrics = _wind_up(run, window, lr, last_saved, last_eval, eval_metrics)
     if prof is not None:
         prof.__exit__(None, None, None)
     return _finish(run, window, eval_metrics)
