@@ -193,13 +193,27 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+_OLD = re.compile(r"^\.(?P<stem>.+)\.old-(?P<pid>\d+)(?P<suffix>(\.[^.]*)?)$")  # temp_name(final, "old")
+
+
 def remove_stale(directory: str | os.PathLike) -> int:
-    """Delete the temporary files and directories that killed runs left in `directory`; returns how many."""
+    """Delete the temporary files and directories that killed runs left in `directory`; returns how many. An
+    `.old` copy whose final name is missing is put back instead: `commit` renames the old output away before it
+    renames the new one in, so a process killed between the two left the old one as the only complete copy (a
+    checkpoint re-saved at its step, with keep_last 1: the run's only checkpoint)."""
     n = 0
     for p in Path(directory).glob(".*.tmp-*"):
         _discard(p)
         n += 1
     for p in Path(directory).glob(".*.old-*"):
+        if (m := _OLD.match(p.name)) and _alive(int(m["pid"])):
+            continue  # a live writer between its two renames
+        final = p.with_name(m["stem"] + m["suffix"]) if m else None
+        if final is not None and not final.exists():
+            with contextlib.suppress(OSError):
+                p.rename(final)
+                n += 1
+                continue
         _discard(p)
         n += 1
     return n
