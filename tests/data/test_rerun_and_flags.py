@@ -223,3 +223,18 @@ def test_a_resumed_run_leaves_the_shards_it_keeps_out_of_its_rates(corpus, tmp_p
     assert main(_shards(docs, vocab, out, "--shards", "3")) == 0
     kept = next(line for line in capsys.readouterr().out.splitlines() if "train_0.hdf5" in line)
     assert "| 0 shards/s | eta ? |" in kept and "(kept, already finished) | 0 docs/s | 0.00 M tokens/s" in kept
+
+
+def test_docs_glob_naming_folders_reads_each_as_a_folder(tmp_path):
+    """`data shards --docs 'runs/*/docs'` (two corpora's document folders): each folder named is read as a folder
+    is (its listed documents), as `data docs --source` reads one; before, the glob's folders were skipped and the
+    run stopped with "no document files"."""
+    for name in ("a", "b"):
+        docs = tmp_path / name / "docs"
+        docs.mkdir(parents=True)
+        (docs / "docs_0.txt").write_text(f"{name} one.\n")
+        (docs / "docs_1.txt").write_text(f"{name} two.\n")
+    found = document_files(str(tmp_path / "*" / "docs"))
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
+        "a/docs/docs_0.txt", "a/docs/docs_1.txt", "b/docs/docs_0.txt", "b/docs/docs_1.txt",
+    ]  # fmt: skip

@@ -66,20 +66,27 @@ def document_files(docs: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     for item in items:
         p = Path(item)
         if p.is_dir():
-            # hidden names are temporary files of a killed `data docs` (pathlib's glob matches them)
-            unlisted = (f for f in p.glob("*.txt") if not f.name.startswith("."))
-            files += _listed_documents(p) or sorted(unlisted, key=natural_key)
+            files += _directory_documents(p)
         elif p.is_file():
             files.append(p)
         else:
             hits = sorted(glob.glob(str(item)))
             if not hits:
                 raise UserError(f"documents {item} not found (a directory of .txt files, a file or a glob)")
-            # `--docs 'dir/*'`: sub-folders and the docs manifest are not documents
-            files += [Path(h) for h in hits if Path(h).is_file() and Path(h).name != "manifest.json"]
+            # `--docs 'runs/*/docs'`: a folder the glob names is read as a folder (as `data docs --source` reads
+            # one); `--docs 'dir/*'`: the docs manifest is not a document
+            for h in map(Path, hits):
+                files += _directory_documents(h) if h.is_dir() else [h] if h.name != "manifest.json" else []
     if not files:
         raise UserError(f"no document files (*.txt) in {docs}; run `bertforge data docs` or `data wiki` first")
     return files
+
+
+def _directory_documents(directory: Path) -> list[Path]:
+    """The documents of a folder: those its manifest.json lists, else its *.txt files, numerically sorted;
+    hidden names are temporary files of a killed `data docs` (pathlib's glob matches them)."""
+    unlisted = (f for f in directory.glob("*.txt") if not f.name.startswith("."))
+    return _listed_documents(directory) or sorted(unlisted, key=natural_key)
 
 
 def _listed_documents(directory: Path) -> list[Path] | None:
