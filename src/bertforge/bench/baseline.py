@@ -113,7 +113,7 @@ def hf_step(
             "or use sentence-pair shards"
         )
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=None)  # True raises on MPS/HPU
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()

@@ -171,7 +171,9 @@ def train_step(
         mark("backward")
     step.scaler.unscale_(step.optimizer)
     max_norm = step.max_grad_norm if step.max_grad_norm > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(step.params, max_norm, foreach=True)
+    # foreach left to torch (None): the multi-tensor kernels where the device has them (CUDA, XPU, CPU), one
+    # tensor at a time elsewhere; foreach=True raised at the first update on MPS and HPU, which have none
+    grad_norm = torch.nn.utils.clip_grad_norm_(step.params, max_norm, foreach=None)
     finite = bool(torch.isfinite(grad_norm).item())  # the one host sync per update
     mark("clip")
     if finite:
