@@ -180,37 +180,66 @@ def load_hf(task: str, split: str, dataset: str = "glue") -> GlueExamples:
             f"{str(e).splitlines()[0] if str(e) else ''}); when offline, pass --train-file/--dev-file "
             f"with glue_data TSV files instead"
         ) from None
+    where = f"--dataset {dataset}: {task}/{split}"
+    fields = list(ds[0]) if len(ds) else []
+    for key in (*spec.hf_keys, "label") if fields else ():
+        if key not in fields:  # another dataset under a GLUE config name: a KeyError from the first row
+            raise UserError(
+                f"{where} has no field {key} (fields: {', '.join(fields)}); GLUE's {task} has "
+                f"{', '.join((*spec.hf_keys, 'label'))}: pass glue_data TSV files with --train-file/--dev-file instead"
+            )
     texts = [tuple(row[k] for k in spec.hf_keys) for row in ds]
     labels: list[Any]
     if spec.is_regression:
         labels = [float(row["label"]) for row in ds]
     else:
-        # HF's ClassLabel order can differ from the TSV label strings (MNLI): map through the label names
-        ids = [spec.labels.index(label_of(task, n)) for n in ds.features["label"].names]  # type: ignore[union-attr]
-        labels = [ids[row["label"]] for row in ds]
+        labels = _hf_class_ids(task, spec, [row["label"] for row in ds], ds.features["label"], where)
     return GlueExamples(texts, labels, f"hf:{dataset}/{task}/{split}")
 
 
-# Other sources' names for the TSV label strings, lower case: Hugging Face `glue`'s ClassLabel names, which
-# transformers' run_glue writes as a checkpoint's id2label (roberta-large-mnli's are the same in upper case)
-LABEL_ALIASES = {
-    "not_equivalent": "0",
-    "equivalent": "1",
-    "unacceptable": "0",
-    "acceptable": "1",
-    "negative": "0",
-    "positive": "1",
-    "not_duplicate": "0",
-    "duplicate": "1",
+def _hf_class_ids(task: str, spec: TaskSpec, raw: list[int], feature: Any, where: str) -> list[int]:
+    """A split's ClassLabel ids as the task's class ids: HF's order can differ from the TSV label strings (MNLI),
+    so they map through the label names. Names that are not the task's labels, and rows without a gold label
+    (-1, as GLUE's test splits), are a UserError: an index would take them as some class."""
+    assert spec.labels is not None
+    names = getattr(feature, "names", None)
+    if not names:
+        raise UserError(
+            f"{where}: its label is not a ClassLabel with names (GLUE's {task}: {', '.join(spec.labels)}); pass "
+            "glue_data TSV files with --train-file/--dev-file instead"
+        )
+    ours = [label_of(task, str(n)) for n in names]
+    if sorted(ours) != sorted(spec.labels):
+        raise UserError(
+            f"{where}: its label names ({', '.join(map(str, names))}) are not {task}'s labels "
+            f"({', '.join(spec.labels)}); is this GLUE's {task}?"
+        )
+    ids = [spec.labels.index(n) for n in ours]
+    for i, label in enumerate(raw):
+        if not 0 <= label < len(ids):
+            raise UserError(
+                f"{where} row {i} has label {label} (no gold label: a test split?); evaluate on a labelled split"
+            )
+    return [ids[label] for label in raw]
+
+
+# Other sources' names for each task's TSV label strings, lower case: Hugging Face `glue`'s ClassLabel names, which
+# transformers' run_glue writes as a checkpoint's id2label (roberta-large-mnli's are the same in upper case). Per
+# task: another binary task's names (an SST-2 head's negative/positive on CoLA) are not this task's 0/1, and are
+# said as foreign names (`runner._align_head_labels`), as run_glue warns that the model's labels differ.
+TASK_LABEL_ALIASES = {
+    "cola": {"unacceptable": "0", "acceptable": "1"},
+    "sst2": {"negative": "0", "positive": "1"},
+    "mrpc": {"not_equivalent": "0", "equivalent": "1"},
+    "qqp": {"not_duplicate": "0", "duplicate": "1"},
+    "wnli": {"not_entailment": "0", "entailment": "1"},  # WNLI's TSV says 1 for entailment, where QNLI/RTE write it
 }
-# WNLI's TSV says 1 for entailment, where QNLI and RTE write the word
-TASK_LABEL_ALIASES = {"wnli": {"not_entailment": "0", "entailment": "1"}}
 
 
 def label_of(task: str, name: str) -> str:
     """Another source's label `name` (any case) as the task's TSV label string; other names lower-cased."""
     name = name.lower()
-    return TASK_LABEL_ALIASES.get(task, {}).get(name) or LABEL_ALIASES.get(name, name)
+    return TASK_LABEL_ALIASES.get(task, {}).get(name, name)
 
 
 def class_ids_of(task: str, names: Sequence[str]) -> list[int] | None:
