@@ -15,6 +15,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import socket
+import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -24,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bertforge import device as dev
-from bertforge.errors import UserError
+from bertforge.errors import UserError, first_line
 
 T = TypeVar("T")
 
@@ -110,9 +113,65 @@ def init_distributed(device_spec: str = "auto", timeout_s: float = 1800.0) -> tu
     return info, device
 
 
+PEER_WAIT_S = 5.0
+"""Seconds rank 0, whose process hosts the rendezvous store under srun and mpirun, keeps it up for the other ranks
+to read a failed rank's line."""
+_FAILED, _READ = "bertforge/failed/", "bertforge/read/"
+
+
 def cleanup() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """End the process group. Called in a `finally` while a run's error propagates, it also passes the error on:
+    a rank that fails alone (a damaged shard in its lanes) leaves the others in a collective, and under srun or
+    mpirun (no torchrun agent to stop them) gloo then failed each with a traceback of a connection closed by
+    the peer. The failed rank's UserError line goes into the rendezvous store, and a rank whose collective
+    failed raises that line, naming the rank, in place of its own error. Not where the line cannot arrive: NCCL
+    waits out train.ddp_timeout before a collective fails, and a rank 0 that fails alone under srun or mpirun
+    takes the store with it (its peers' collectives fail once its process has gone)."""
+    if not dist.is_initialized():
+        return
+    rank, world, error = dist.get_rank(), dist.get_world_size(), sys.exc_info()[1]
+    peer = _pass_on(error, rank, world) if error is not None else None
+    dist.destroy_process_group()
+    if peer is not None:
+        raise UserError(peer) from None
+
+
+def _pass_on(error: BaseException, rank: int, world: int) -> str | None:
+    """For `cleanup`: publish this rank's UserError, or return the line of a peer whose failure failed this rank's
+    collective (a RuntimeError: gloo's "Connection closed by peer", NCCL's DistBackendError)."""
+    if not isinstance(error, (UserError, RuntimeError)) or not _store_up():
+        return None
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if isinstance(error, UserError):
+            store.set(f"{_FAILED}{rank}", first_line(error))
+            return None
+        failed = [r for r in range(world) if r != rank and store.check([f"{_FAILED}{r}"])]
+        if not failed:
+            return None
+        line = store.get(f"{_FAILED}{failed[0]}").decode()
+        store.set(f"{_READ}{rank}", "1")
+        if rank == 0:  # the store's host (srun, mpirun): up until the others have read the line too (bounded)
+            others = [f"{_READ}{r}" for r in range(1, world) if r not in failed]
+            deadline = time.monotonic() + PEER_WAIT_S
+            while others and not store.check(others) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return f"rank {failed[0]} stopped the run: {line}"
+    except Exception:  # the store has gone after all: the error stays as it was
+        return None
+
+
+def _store_up() -> bool:
+    """Whether the rendezvous store still listens: a call to a store whose host (rank 0 under srun or mpirun)
+    has gone fails too, but with a C++ stack trace on stderr."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not addr or not port.isdigit():
+        return True  # not known here: the call's own failure decides
+    try:
+        with socket.create_connection((addr, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 def barrier() -> None:
