@@ -134,19 +134,7 @@ def serve_add(p: argparse.ArgumentParser) -> None:
         "--max-queue-delay-us", type=int, default=sc.max_queue_delay_us, help="longest wait to gather a bigger batch"
     )
     p.add_argument("--instances", type=int, default=sc.instances, help="model instances per task")
-    p.add_argument(
-        "--http-guard",
-        action=argparse.BooleanOptionalAction,
-        default=sc.http_guard,
-        help="check HTTP requests (size, content type, JSON) in front of Triton's HTTP server; --no-http-guard "
-        "saves ~1.4 ms a request, for trusted clients only (a large form-encoded body crashes Triton 2.51)",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=sc.max_body_bytes,
-        help="largest HTTP request body (after gzip/deflate); larger bodies get 413 before Triton reads them",
-    )
+    _guard_args(p, sc)
     _request_args(p)
     p.add_argument(
         "--access-token",
@@ -176,6 +164,30 @@ def serve_add(p: argparse.ArgumentParser) -> None:
         "first request does not pay for the device's lazy start (seconds on a GPU)",
     )
     p.add_argument("--log-verbose", type=int, default=0, help="Triton log verbosity")
+
+
+def _guard_args(p: argparse.ArgumentParser, sc) -> None:
+    """The guards in front of Triton's own HTTP and gRPC servers (`serve.guard`)."""
+    p.add_argument(
+        "--http-guard",
+        action=argparse.BooleanOptionalAction,
+        default=sc.http_guard,
+        help="check HTTP requests (size, content type, JSON) in front of Triton's HTTP server; --no-http-guard "
+        "saves ~1.4 ms a request, for trusted clients only (a large form-encoded body crashes Triton 2.51)",
+    )
+    p.add_argument(
+        "--grpc-guard",
+        action=argparse.BooleanOptionalAction,
+        default=sc.grpc_guard,
+        help="pass gRPC calls through a guard in front of Triton's gRPC server, which refuses the classification "
+        "extension on a string output (it crashes Triton 2.51); --no-grpc-guard: for trusted clients only",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=sc.max_body_bytes,
+        help="largest HTTP request body (after gzip/deflate); larger bodies get 413 before Triton reads them",
+    )
 
 
 def _request_args(p: argparse.ArgumentParser) -> None:
@@ -216,11 +228,23 @@ def _check_listening(cfg) -> None:
         print(warning, file=sys.stderr, flush=True)
 
 
+def _predictors(args: argparse.Namespace, limits, call_rows: int) -> list:
+    """(task, Predictor) of each --model/--task pair, loaded with the request limits and the device flags."""
+    from bertforge.serve.tasks import Predictor
+
+    pooling = None if args.pooling == "auto" else args.pooling
+    return [
+        (t, Predictor.from_dir(t, m, limits, args.precision, args.device, fit_seq_len="max_seq_len" not in args,
+                               pooling=pooling, call_rows=call_rows))
+        for m, t in zip(args.model, args.task)
+    ]  # fmt: skip
+
+
 def serve_run(args: argparse.Namespace) -> int:
     import torch
 
     from bertforge.serve import server
-    from bertforge.serve.tasks import Limits, Predictor
+    from bertforge.serve.tasks import Limits
 
     if len(args.model) != len(args.task):
         raise UserError(f"give one --task per --model ({len(args.model)} models, {len(args.task)} tasks)")
@@ -239,6 +263,7 @@ def serve_run(args: argparse.Namespace) -> int:
         max_queue_delay_us=args.max_queue_delay_us,
         instances=args.instances,
         http_guard=args.http_guard,
+        grpc_guard=args.grpc_guard,
         max_body_bytes=args.max_body_bytes,
         access_token=token,
         log_verbose=args.log_verbose,
@@ -257,22 +282,7 @@ def serve_run(args: argparse.Namespace) -> int:
     _check_listening(cfg)  # after the flags, before any model loads (seconds to minutes)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    predictors = [
-        (
-            t,
-            Predictor.from_dir(
-                t,
-                m,
-                limits,
-                args.precision,
-                args.device,
-                fit_seq_len="max_seq_len" not in args,
-                pooling=None if args.pooling == "auto" else args.pooling,
-                call_rows=cfg.max_batch,
-            ),
-        )
-        for m, t in zip(args.model, args.task)
-    ]
+    predictors = _predictors(args, limits, cfg.max_batch)
     if args.warmup:
         for _, p in predictors:
             p.warmup(rows=cfg.max_batch)

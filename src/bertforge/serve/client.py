@@ -111,6 +111,10 @@ class Client:
                 continue
             if isinstance(col, (str, bytes)):  # a bare string would be sent as one row per character
                 raise UserError(f"input {io.name!r} must be a list of strings, one per row: pass [{col!r}]")
+            bad = [s for s in col if not isinstance(s, str)]
+            if not col or bad:  # were an AttributeError from .encode, and Triton's "expected shape [-1,1], got [0]"
+                what = f"holds {type(bad[0]).__name__} {bad[0]!r:.40}" if bad else "has no rows"
+                raise UserError(f"input {io.name!r} {what}; pass a non-empty list of strings, one per row")
             arrays[io.name] = np.array([[s.encode("utf-8")] for s in col], dtype=object)  # (B, 1)
         unknown = set(columns) - {io.name for io in spec.inputs}
         if unknown:
@@ -127,8 +131,9 @@ def rows_as_json(task: str, out: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     for i in range(n):
         if task == "qa":
             rows.append({"answer": out["answer"][i][0].decode(), "score": float(out["score"][i][0])})
-        elif task == "classify" and "score" in out:  # a regression model
-            rows.append({"score": float(out["score"][i][0])})
+        elif task == "classify" and "score" in out:  # a regression model: its one output, or each of several
+            scores = [float(v) for v in out["score"][i]]  # (only the first was printed: the others were lost)
+            rows.append({"score": scores[0] if len(scores) == 1 else scores})
         elif task == "classify":
             rows.append(
                 {

@@ -16,8 +16,8 @@ answers bodies it cannot parse with 500. Here, before anything reaches Triton:
 Everything else — health, metadata, the restricted endpoints with their access token, binary-tensor requests —
 goes to Triton unchanged, and Triton's answer comes back unchanged (status, headers, compressed or not).
 Errors are one line as JSON, `{"error": "..."}`, like Triton's own; a Triton that does not answer (stopping,
-gone) is a 502 of the same form. gRPC does not pass here: its front end
-refuses malformed messages itself.
+gone) is a 502 of the same form. gRPC passes `GrpcGuard` (below), which forwards every call as it is but the one
+known to crash Triton; Triton's gRPC front end refuses malformed messages itself.
 
     guard = HttpGuard(host, port, upstream_port, max_body_bytes)   # serves in a thread of its own
     guard.stop()
@@ -393,3 +393,142 @@ class HttpGuard:
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+# ------------------------------------------------------------------------------------------------ gRPC
+# methods that stream (Triton's bidirectional inference stream, the health service's watch); all others are unary
+_GRPC_STREAMS = {
+    "/inference.GRPCInferenceService/ModelStreamInfer": "stream_stream",
+    "/grpc.health.v1.Health/Watch": "unary_stream",
+}
+_GRPC_INFER = ("/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer")
+# no size limit of gRPC's own (4 MB by default) between the client and Triton: Triton's is what a client meets
+_GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+def grpc_refusal(method: str, message: bytes) -> str | None:
+    """Why the guard refuses a gRPC message (one line), or None to forward it: a ModelInferRequest asking for the
+    classification extension on a string output, on which Triton 2.51 crashes (the whole server, every model)."""
+    if method not in _GRPC_INFER or b"classification" not in message:  # the usual request: no parsing
+        return None
+    from google.protobuf.message import DecodeError
+    from tritonclient.grpc import service_pb2
+
+    try:
+        request = service_pb2.ModelInferRequest.FromString(message)
+    except DecodeError:
+        return None  # Triton's to refuse
+    for o in request.outputs:
+        if "classification" in o.parameters and o.name in _string_outputs():
+            return f"output {o.name!r} holds strings; the classification extension needs a numeric output"
+    return None
+
+
+def _deadline(context: Any) -> float | None:
+    """The client's deadline, in seconds from now, for the call to Triton; None without one (gRPC gives an
+    infinite time remaining then, which as a timeout was a deadline already past)."""
+    left = context.time_remaining()
+    return left if left is not None and left < 1e9 else None
+
+
+def _forwarded_metadata(context: Any) -> list[tuple[str, str | bytes]]:
+    """The client's metadata (the access token, ...), without what gRPC sets for each hop itself."""
+    return [(k, v) for k, v in context.invocation_metadata() if not k.startswith((":", "grpc-")) and k != "user-agent"]
+
+
+class GrpcGuard:
+    """The gRPC front of `bertforge serve` on (host, port), forwarding every call, as raw bytes, to Triton's gRPC
+    server on 127.0.0.1:upstream_port, after `grpc_refusal`: the one request known to crash Triton 2.51 over gRPC
+    (the HTTP guard refuses the same in `check_infer`) is answered INVALID_ARGUMENT here."""
+
+    def __init__(self, host: str, port: int, upstream_port: int, workers: int = 64):
+        from concurrent.futures import ThreadPoolExecutor
+
+        import grpc
+
+        self._grpc = grpc
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{upstream_port}", options=_GRPC_OPTIONS)
+        # each call in flight holds a worker (a stream, for its whole life): more than a load test's concurrency
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bertforge-grpc")
+        # no SO_REUSEPORT (gRPC's default): a port that something else holds is an error, not shared
+        self._server = grpc.server(pool, handlers=[self], options=[*_GRPC_OPTIONS, ("grpc.so_reuseport", 0)])
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = self._server.add_insecure_port(address)
+        except RuntimeError as e:  # grpcio >= 1.5x raises where older ones returned 0
+            raise OSError(f"cannot serve gRPC on {address}: {e}") from None
+        if bound == 0:
+            raise OSError(f"cannot serve gRPC on {address}")
+        self._server.start()
+
+    # grpc.GenericRpcHandler: every method goes to Triton as it came
+    def service(self, details: Any) -> Any:
+        grpc, method = self._grpc, details.method
+        kind = _GRPC_STREAMS.get(method, "unary_unary")
+        upstream = getattr(self._channel, kind)(method)  # no (de)serializers: raw bytes both ways
+
+        def relay(e: Any, context: Any) -> None:
+            if isinstance(e, grpc.Call):  # Triton's answer (an error it sent, or UNAVAILABLE: Triton gone)
+                context.abort(e.code(), e.details() or "")
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the inference server is not answering; try again later")
+
+        if kind == "unary_unary":
+
+            def unary(request: bytes, context: Any) -> bytes:
+                refusal = grpc_refusal(method, request)
+                if refusal is not None:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+                call = upstream.future(request, timeout=_deadline(context), metadata=_forwarded_metadata(context))
+                context.add_callback(call.cancel)  # the client gone: so is Triton's call
+                try:
+                    return call.result()
+                except grpc.RpcError as e:
+                    relay(e, context)
+                    raise  # not reached: abort raises
+
+            return grpc.unary_unary_rpc_method_handler(unary)
+        if kind == "unary_stream":
+
+            def unary_stream(request: bytes, context: Any) -> Any:
+                responses = upstream(request, timeout=_deadline(context), metadata=_forwarded_metadata(context))
+                context.add_callback(responses.cancel)
+                try:
+                    yield from responses
+                except grpc.RpcError as e:
+                    relay(e, context)
+
+            return grpc.unary_stream_rpc_method_handler(unary_stream)
+
+        def stream(requests: Any, context: Any) -> Any:
+            refused: list[str] = []
+            started = threading.Event()
+            call: list[Any] = []
+
+            def checked() -> Any:  # consumed by gRPC's own thread, as Triton takes the stream's requests
+                for request in requests:
+                    refusal = grpc_refusal(method, request)
+                    if refusal is not None:  # ends the stream: the client hears INVALID_ARGUMENT below
+                        refused.append(refusal)
+                        started.wait(10)
+                        if call:
+                            call[0].cancel()
+                        return
+                    yield request
+
+            responses = upstream(checked(), timeout=_deadline(context), metadata=_forwarded_metadata(context))
+            call.append(responses)
+            started.set()
+            context.add_callback(responses.cancel)
+            try:
+                yield from responses
+            except grpc.RpcError as e:
+                if refused:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused[0])
+                relay(e, context)
+
+        return grpc.stream_stream_rpc_method_handler(stream)
+
+    def stop(self) -> None:
+        """Close the port (calls in flight are cancelled) and the channel to Triton."""
+        self._server.stop(grace=None).wait(10)
+        self._channel.close()

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import sysconfig
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
@@ -31,7 +32,9 @@ from bertforge.errors import UserError
 from bertforge.serve.tasks import TASKS, Predictor, RequestError, check_bounds, decode_strings
 
 if TYPE_CHECKING:
-    from bertforge.serve.guard import HttpGuard
+    import psutil
+
+    from bertforge.serve.guard import GrpcGuard, HttpGuard
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,10 @@ class ServeConfig:
     2-core CPU; for trusted clients only: a large form-encoded body crashes Triton 2.51)."""
     max_body_bytes: int = 1 << 20
     """Largest HTTP request body, after any gzip/deflate (`serve.guard`: 413 above it, before Triton reads it)."""
+    grpc_guard: bool = True
+    """Put `serve.guard.GrpcGuard` in front of Triton's gRPC server: it refuses (INVALID_ARGUMENT) the classification
+    extension on a string output, which crashes Triton 2.51 (every model of the server). Off: Triton's gRPC server
+    faces the clients itself (~1.2 ms less per gRPC request on a 2-core CPU), for trusted clients only."""
     max_batch: int = 16
     """Most rows one model call takes (Triton's max_batch_size); a request with more rows is refused."""
     dynamic_batching: bool = True
@@ -131,6 +138,8 @@ def exposure_warning(cfg: ServeConfig) -> str | None:
     if is_loopback(cfg.host):
         return None
     unguarded = "" if cfg.http_guard else "; --no-http-guard: a large form-encoded body crashes Triton 2.51"
+    if not cfg.grpc_guard:
+        unguarded += "; --no-grpc-guard: a gRPC request for the classification of a string output crashes Triton 2.51"
     return (
         f"warning: --host {cfg.host} serves other machines: anyone who can reach it may run inference (the access "
         f"token guards only the restricted endpoints){unguarded}; firewall the ports or bind 127.0.0.1"
@@ -230,6 +239,38 @@ def _failure(e: Exception) -> dict[str, np.ndarray]:
     return error_response(f"internal error ({type(e).__name__}: {e})", client=False)
 
 
+class InFlight:
+    """How many served-function calls are running (in PyTriton's threads). The process must not exit while one is in
+    the model: a Triton that dies (or stops after its exit timeout) mid-request left `serve` to exit with the model
+    still computing in a thread, and the interpreter's shutdown aborted it ("terminate called without an active
+    exception", SIGABRT instead of exit status 1)."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._cv = threading.Condition()
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        with self._cv:
+            self._n += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._n -= 1
+                self._cv.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Whether every call has ended within `timeout_s`."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._n == 0, timeout_s)
+
+
+IN_FLIGHT = InFlight()
+STOP_WAIT_S = 60.0
+"""Longest `Server.stop` waits for model calls still running (a 64 KB QA context takes seconds on a CPU)."""
+
+
 def make_infer_fn(predictor: Predictor) -> Callable[[list[Any]], list[dict[str, np.ndarray]]]:
     """The function Triton calls with a list of requests (each a dict of input name -> array with batch dim).
 
@@ -239,6 +280,10 @@ def make_infer_fn(predictor: Predictor) -> Callable[[list[Any]], list[dict[str, 
     """
 
     def infer(requests: list[Any]) -> list[dict[str, np.ndarray]]:
+        with IN_FLIGHT.call():
+            return answer(requests)
+
+    def answer(requests: list[Any]) -> list[dict[str, np.ndarray]]:
         responses: list[dict[str, np.ndarray] | None] = [None] * len(requests)
         encoded: dict[int, list[Any]] = {}
         for n, req in enumerate(requests):
@@ -307,11 +352,30 @@ def listening(host: str, port: int) -> Iterator[socket.socket]:
 
 @dataclasses.dataclass
 class Server:
-    """A running `bertforge serve`: Triton (HTTP on a private loopback port) and the HTTP guard in front of it."""
+    """A running `bertforge serve`: Triton (HTTP and gRPC on private loopback ports) and the guards in front of it."""
 
     triton: Any
     """The running `pytriton.triton.Triton`."""
     guard: HttpGuard | None
+    grpc_guard: GrpcGuard | None = None
+    children: dict[int, psutil.Process] = dataclasses.field(default_factory=dict)
+    """tritonserver and its descendants (the Python-backend stubs) as last seen: `stop` ends those still running."""
+    others: frozenset[int] = frozenset()
+    """The pids of tritonservers this process ran before this one started (another server's, not to be ended)."""
+
+    def __post_init__(self) -> None:
+        self.watch()
+
+    def watch(self) -> None:
+        """Note tritonserver's process tree while it lives: a stub outlives a Triton that crashed in the middle of a
+        response (it waits for Triton's answer for ever), then reparented away from us, where nothing finds it."""
+        import psutil
+
+        for p in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                if p.name() == "tritonserver" and p.pid not in self.others:
+                    for q in [p, *p.children(recursive=True)]:
+                        self.children.setdefault(q.pid, q)
 
     def serve(self, period_s: float = 1.0) -> None:
         """Block until interrupted (Ctrl-C, or SIGTERM turned into KeyboardInterrupt by the caller: it propagates)
@@ -319,39 +383,81 @@ class Server:
         the interrupt and stops Triton while the guard still holds a connection to it, so Triton waited out its
         exit timeout and reported a failed stop."""
         while self.triton.is_alive():
+            self.watch()
             time.sleep(period_s)
 
     def stop(self) -> None:
-        """The guard first (its connections to Triton closed), then Triton."""
-        if self.guard is not None:
-            self.guard.stop()
-        self.triton.stop()
+        """The guards first (their connections to Triton closed), then Triton, then what Triton left running."""
+        try:
+            for guard in (self.guard, self.grpc_guard):
+                if guard is not None:
+                    guard.stop()
+            self.triton.stop()
+        finally:
+            end_processes(list(self.children.values()))
+            if not IN_FLIGHT.wait_idle(STOP_WAIT_S):
+                log.warning("model calls still running after %.0f s; exiting with them", STOP_WAIT_S)
+
+
+def end_processes(procs: Sequence[psutil.Process], timeout_s: float = 5.0) -> None:
+    """SIGTERM each process still running (psutil checks that the pid is still the one it saw), SIGKILL those left
+    after `timeout_s`, and remove the shared memory a Python-backend stub named on its command line, which its
+    Triton would have removed. A stub's multiprocessing resource tracker goes last, given the time to exit on its
+    own: it removes the shared memory its stub leaves (ended first, it left it in /dev/shm)."""
+    import psutil
+
+    regions: list[str] = []
+    running: list[psutil.Process] = []
+    trackers: list[psutil.Process] = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                cmd = p.cmdline()
+                regions += [a for a in cmd if a.startswith("pytrtion")]  # PyTriton's region names
+                (trackers if any("resource_tracker" in a for a in cmd) else running).append(p)
+    for p in running:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    for group in (running, trackers):  # the trackers are not signalled: they exit once their stub has
+        _, left = psutil.wait_procs(group, timeout=timeout_s)
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(left, timeout=timeout_s)
+    shm = Path("/dev/shm")
+    for name in regions:
+        for f in shm.glob(f"{name}*") if shm.is_dir() and "/" not in name else ():
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
 def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg: ServeConfig) -> Server:
-    """Start Triton serving `(task, predictor)` pairs, and the HTTP guard on `cfg.host:cfg.http_port` in front of
-    its HTTP server (which then binds a private port on 127.0.0.1; without the guard, Triton binds the public
-    address itself); gRPC and metrics are Triton's own. The caller stops it with `.stop()` or blocks in `.serve()`.
+    """Start Triton serving `(task, predictor)` pairs, and the HTTP and gRPC guards on `cfg.host` in front of its
+    HTTP and gRPC servers (which then bind private ports on 127.0.0.1; without a guard, Triton binds the public
+    address itself); metrics are Triton's own. The caller stops it with `.stop()` or blocks in `.serve()`.
     """
     ensure_libpython()
     patch_proxy()
     from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
-    from bertforge.serve.guard import HttpGuard  # aiohttp: the serve extra, like pytriton
+    from bertforge.serve.guard import GrpcGuard, HttpGuard  # aiohttp: the serve extra, like pytriton
 
     # the guard's upstream: not one of the ports chosen for this server, which a caller may have only picked so far
     ours = {cfg.http_port, cfg.grpc_port, cfg.metrics_port}
+    private = iter(free_ports(2, avoid=ours))
     tc = TritonConfig(
         http_address="127.0.0.1" if cfg.http_guard else cfg.host,
-        http_port=free_ports(1, avoid=ours)[0] if cfg.http_guard else cfg.http_port,
-        grpc_address=cfg.host,
-        grpc_port=cfg.grpc_port,
+        http_port=next(private) if cfg.http_guard else cfg.http_port,
+        grpc_address="127.0.0.1" if cfg.grpc_guard else cfg.host,
+        grpc_port=next(private) if cfg.grpc_guard else cfg.grpc_port,
         metrics_address=cfg.host,
         metrics_port=cfg.metrics_port,
         exit_timeout_secs=cfg.exit_timeout_s,
         log_verbose=cfg.log_verbose,
     )
     triton = Triton(config=tc, security_config=TritonSecurityConfig(access_token=cfg.access_token))
+    # what Triton leaves at its stop is ended (`Server.stop`): not the tritonservers this process already ran
+    running = Server(triton, None, others=frozenset(Server(triton, None).children))
     try:
         for task, predictor in models:
             if callable(predictor) and not isinstance(predictor, Predictor):
@@ -367,10 +473,14 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
                 strict=False,  # an error response carries ERROR_OUTPUT, which no model declares
             )
         triton.run()
-        guard = HttpGuard(cfg.host, cfg.http_port, tc.http_port, cfg.max_body_bytes) if cfg.http_guard else None
-        return Server(triton, guard)
+        running.watch()  # the stubs, now that the models are loaded
+        if cfg.http_guard:
+            running.guard = HttpGuard(cfg.host, cfg.http_port, tc.http_port, cfg.max_body_bytes)
+        if cfg.grpc_guard:
+            running.grpc_guard = GrpcGuard(cfg.host, cfg.grpc_port, tc.grpc_port)
+        return running
     except BaseException:  # Ctrl-C or SIGTERM (`sigterm_interrupts`) while starting too: no tritonserver left behind
-        triton.stop()
+        running.stop()
         raise
 
 

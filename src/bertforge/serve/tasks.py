@@ -444,17 +444,14 @@ class Predictor:
 
     def encode_pair(self, a: str, b: str | None, row: int = 0) -> tuple[list[int], list[int]]:
         """[CLS] a [SEP] (b [SEP]) (RoBERTa: <s> a </s></s> b </s>), the longer side cut first to fit max_seq_len
-        (BERT's GLUE truncation). An empty or blank `b` is no pair, as a blank text_pair column is (`bertforge
-        predict --jsonl` sends "" for a row without one)."""
+        (`longest_first`, as the fine-tuning code encodes pairs). An empty or blank `b` is no pair, as a blank
+        text_pair column is (`bertforge predict --jsonl` sends "" for a row without one)."""
         b = b if b and b.strip() else None
         ta = self._token_ids("text", row, a)
         tb = self._token_ids("text_pair", row, b) if b else []
         budget = self.limits.max_seq_len - (2 + self.pair_seps if b else 2)
-        while len(ta) + len(tb) > budget:
-            if len(ta) >= len(tb):
-                ta.pop()
-            else:
-                tb.pop()
+        keep_a, keep_b = longest_first(len(ta), len(tb), budget)
+        ta, tb = ta[:keep_a], tb[:keep_b]
         mid = [self.sep] * (self.pair_seps - 1)  # the separators after a's own [SEP]
         ids = [self.cls, *ta, self.sep] + ([*mid, *tb, self.sep] if b else [])
         types = [0] * (len(ta) + 2) + ([1] * (len(mid) + len(tb) + 1) if b else [])
@@ -609,6 +606,21 @@ class Predictor:
             {"answer": np.array([b["text"].encode()], dtype=object), "score": np.array([b["score"]], np.float32)}
             for b in best
         ]
+
+
+def longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
+    """Tokens kept of a pair's two texts within `budget`: Hugging Face tokenizers' `longest_first` truncation, which
+    `bertforge finetune` encodes pairs with (`finetune.runner.encode_glue`). Cutting one token at a time from the
+    longer side, the first at a tie, kept a different token split when the budget was odd (a 14- and a 13-token
+    text in 13 tokens: 6 + 7 here, 7 + 6 in fine-tuning), so the served model saw other inputs than it was trained
+    and evaluated on."""
+    if n_a + n_b <= budget:
+        return n_a, n_b
+    short, long = sorted((n_a, n_b))
+    long = short if short > budget else max(short, budget - short)  # only the longer one cut, where that fits
+    if short + long > budget:  # both cut: half each, the odd token to the longer one (to b at a tie)
+        short, long = budget // 2, budget // 2 + budget % 2
+    return (long, short) if n_a > n_b else (short, long)
 
 
 def _without_prefix_space(tokenizer) -> Any:
