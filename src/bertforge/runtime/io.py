@@ -202,7 +202,7 @@ def remove_stale(directory: str | os.PathLike) -> int:
     renames the new one in, so a process killed between the two left the old one as the only complete copy (a
     checkpoint re-saved at its step, with keep_last 1: the run's only checkpoint)."""
     n = 0
-    for p in Path(directory).glob(".*.tmp-*"):
+    for p in [*Path(directory).glob(".*.tmp-*"), *Path(directory).glob(".*.gone-*")]:  # gone: being deleted
         _discard(p)
         n += 1
     for p in Path(directory).glob(".*.old-*"):

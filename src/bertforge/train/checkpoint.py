@@ -34,6 +34,7 @@ from bertforge.model.hf_interop import load_weights_only
 from bertforge.runtime.io import atomic_dir, read_json_object, remove_stale, temp_name, writable_dir
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
+OLD_STEP_DIR = re.compile(r"^\.step_(\d+)\.old-\d+$")  # runtime.io.commit's copy of a step it replaces
 STATE_FILE = "training_state.pt"
 META_FILE = "meta.json"
 MODEL_DIR = "model"
@@ -73,16 +74,19 @@ class Checkpoint:
 
 
 def list_checkpoints(root: str | Path) -> list[Checkpoint]:
-    """Complete checkpoints under `root`, oldest first (numeric step order)."""
+    """Complete checkpoints under `root`, oldest first (numeric step order). A step saved again whose save was
+    killed between `commit`'s two renames is there only as its hidden `.old` copy, complete (`discard` hides
+    what it deletes under another name): that copy is the step (read where it is; the next save's
+    `remove_stale` puts it back), so a --resume does not start from scratch."""
     root = Path(root)
     if not root.is_dir():
         return []
-    found = []
-    for d in root.iterdir():
-        m = STEP_DIR.match(d.name)
+    found: dict[int, Checkpoint] = {}
+    for d in sorted(root.iterdir(), key=lambda d: d.name.startswith(".")):  # the step's own name first
+        m = STEP_DIR.match(d.name) or OLD_STEP_DIR.match(d.name)
         if m and d.is_dir() and (d / META_FILE).is_file():
-            found.append(Checkpoint(d, int(m.group(1))))
-    return sorted(found, key=lambda c: c.step)
+            found.setdefault(int(m.group(1)), Checkpoint(d, int(m.group(1))))
+    return sorted(found.values(), key=lambda c: c.step)
 
 
 def latest_checkpoint(root: str | Path) -> Checkpoint | None:
@@ -139,8 +143,9 @@ def save_checkpoint(
 def discard(found: Checkpoint) -> None:
     """Delete a checkpoint: renamed to a hidden name first (one atomic step), then removed. Removed in place, a
     kill half-way left a step directory whose meta.json still said complete without the files it describes; the
-    hidden rest is what `remove_stale` clears at the next save."""
-    hidden = temp_name(found.path, "old")
+    hidden rest is what `remove_stale` clears at the next save. Not `.old`: that is `commit`'s copy of a complete
+    checkpoint, which `remove_stale` puts back where the step is missing (this one is half deleted)."""
+    hidden = temp_name(found.path, "gone")
     try:
         found.path.rename(hidden)
     except OSError:  # gone already, or not ours to rename: nothing listed changes
