@@ -203,8 +203,8 @@ def check_fits(
             f"data.synthetic_seq_len {loader.seq_len} is longer than the model's {positions} positions "
             "(model.max_position_embeddings); lower one or raise the other"
         )
-    if eval_dir:
-        ShardSet.open(eval_dir).check_rows(bert_cfg.vocab_size)
+    if eval_dir:  # seq_len too: a synthetic run has no training shards that the eval shards were compared with
+        ShardSet.open(eval_dir).check_model(bert_cfg.vocab_size, positions)
 
 
 def model_rows(cfg: PretrainConfig, vocab_size: int, resumed: ckpt.Checkpoint | None) -> int:
@@ -1040,17 +1040,29 @@ def _closed_on_error(run: Run, prof: StepProfiler | None) -> Iterator[None]:
 
 
 def _wind_up(
-    run: Run, window: _Window, lr: float, last_saved: int, last_eval: int, eval_metrics: dict[str, float]
+    run: Run,
+    window: _Window,
+    lr: float,
+    last_saved: int,
+    last_eval: int,
+    eval_metrics: dict[str, float],
+    start: int,
 ) -> dict[str, float]:
     """After the loop: the row of steps since the last log line (a stop between two, train.stop_after_steps), the
-    final checkpoint and evaluation where the loop's last step had none; the latest evaluation's metrics."""
+    final checkpoint and evaluation where the loop's last step had none; the latest evaluation's metrics.
+    `start`: the step this call began at."""
     t, step = run.cfg.train, run.state.step
     if window.updates:
         _log_window(run, window, lr)
     if t.save_every and last_saved != step:
         save(run, window)
     if run.cfg.data.eval_dir and last_eval != step:
-        return evaluate_run(run)
+        metrics = evaluate_run(run)
+        # a stop between evaluations: its numbers go into metrics.jsonl and TensorBoard as the summary's do (they
+        # were in summary.json alone). A resumed finished run, which ran no step, logged this step's already
+        if step > start:
+            _log(run, metrics)
+        return metrics
     return eval_metrics
 
 
@@ -1060,7 +1072,8 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
     output_dir/profile/ (trace.json for Perfetto/TensorBoard, top_ops.txt) and print the top kernels.
     `preempt`: its signal flag is read at each step boundary; set, the run saves and raises `Preempted`."""
     t, o, state = run.cfg.train, run.cfg.optim, run.state
-    stop_at = _stop_at(t, state.step)
+    start = state.step
+    stop_at = _stop_at(t, start)
     prof = _profiler(run, profile_steps)
     with _closed_on_error(run, prof):  # a loop that raises (a non-finite stop, a signal, a damaged shard)
         batches = _one_line_errors(run.loader.iterate(start_batch=state.batches))
@@ -1121,7 +1134,7 @@ def train(run: Run, profile_steps: int = 0, preempt: Preemption | None = None) -
             window.t0 = time.perf_counter() if logging else window.t0 + time.perf_counter() - t_pause
             if preempt is not None and preempt.agreed(run.device):  # an all-reduce under torchrun: loop time
                 _stop_preempted(run, preempt, window, lr, last_saved)
-        eval_metrics = _wind_up(run, window, lr, last_saved, last_eval, eval_metrics)
+        eval_metrics = _wind_up(run, window, lr, last_saved, last_eval, eval_metrics, start)
     if prof is not None:
         prof.__exit__(None, None, None)
     return _finish(run, window, eval_metrics)
