@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.errors import UserError
-from bertforge.runtime.io import read_json_object, writable_file
+from bertforge.runtime.io import read_json_object, refuse_empty_paths, writable_file
 from bertforge.runtime.signals import sigterm_interrupts
 
 
@@ -59,8 +59,13 @@ def bench_add(p: argparse.ArgumentParser) -> None:
 def bench_run(args: argparse.Namespace) -> int:
     from bertforge.bench import harness
 
+    # an empty value read as not given: --show "" ran no spec (a traceback), --json/--md "" wrote no file, and
+    # --only "" (contained in every name) ran every benchmark
+    flags = [("--spec", args.spec), ("--show", args.show), ("--json", args.json_out), ("--md", args.md_out)]
+    refuse_empty_paths([*flags, *(("--only", name) for name in args.only or [])])
     _check_outputs(args)
     if args.show:
+        _refuse_run_flags(args)
         report = _read_report(Path(args.show), "--show")
         try:
             text = harness.markdown(report)
@@ -87,6 +92,28 @@ def bench_run(args: argparse.Namespace) -> int:
     if report["not_run"] and args.json_out:
         print(f"to measure the rest: the same command with --resume (reads {args.json_out})")
     return 0
+
+
+def _refuse_run_flags(args: argparse.Namespace) -> None:
+    """--show runs nothing: a flag that shapes a run would be ignored (--json named no file), so it is refused."""
+    given = [
+        flag
+        for flag, value in (
+            ("--json", args.json_out),
+            ("--only", args.only),
+            ("--repeat", args.repeat),
+            ("--interleave/--no-interleave", args.interleave),
+            ("--concurrent/--no-concurrent", args.concurrent),
+            ("--stop-after", args.stop_after),
+            ("--resume", args.resume or None),
+        )
+        if value is not None
+    ]
+    if given:
+        raise UserError(
+            f"{', '.join(given)} shape a run, and --show {args.show} runs nothing (it prints a report's tables, and "
+            "--md writes them): drop them, or run a spec with --spec"
+        )
 
 
 def _run(args: argparse.Namespace, spec: Any, previous: dict[str, Any] | None) -> dict[str, Any]:

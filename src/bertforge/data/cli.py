@@ -407,6 +407,8 @@ def _prepare(cfg: Any, root: Path, log) -> dict[str, Any]:
 
 def _check_prepare(cfg: Any, root: Path) -> None:
     """What the later steps would refuse, refused before the documents step (hours on a Wikipedia dump)."""
+    from bertforge.data.vocab import check_vocab_room
+
     cfg.shards.validate()
     if cfg.vocab.vocab_file and not Path(cfg.vocab.vocab_file).exists():
         raise UserError(f"vocab.vocab_file {cfg.vocab.vocab_file} does not exist; fix it, or leave it empty")
@@ -420,6 +422,8 @@ def _check_prepare(cfg: Any, root: Path) -> None:
             raise UserError(f"vocab.vocab_file: {e}") from None
     else:
         _vocab_done(root / "vocab", cfg.vocab.model)  # a vocab of the other model there: refused before the documents
+        # too small for the special tokens: the trainer would say so after the documents step (hours on a dump)
+        check_vocab_room(cfg.vocab.model, cfg.vocab.vocab_size, cfg.vocab.unused_tokens, "vocab.vocab_size")
     places = {"docs": "docs", "vocab": "vocab", "shards_subdir": cfg.shards_subdir}
     if cfg.shards.eval_fraction > 0:
         places["eval_subdir"] = cfg.eval_subdir

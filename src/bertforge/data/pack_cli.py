@@ -28,8 +28,12 @@ def pack_add(parser: argparse.ArgumentParser) -> None:
 
 def pack_run(args: argparse.Namespace) -> int:
     from bertforge.data.packing import PackConfig, pack_shards
+    from bertforge.runtime.io import refuse_empty_paths
     from bertforge.runtime.signals import sigterm_interrupts
 
+    # `--out "$OUT"` with OUT unset: Path("") is the working directory, where the packed shards would land (and
+    # --in "" would read the shards found there)
+    refuse_empty_paths((("--in", args.input_dir), ("--out", args.output_dir)))
     cfg = PackConfig(
         input_dir=args.input_dir,
         output_dir=args.output_dir,

@@ -405,6 +405,21 @@ def _training_inputs(files: Iterable[str | os.PathLike], unused_tokens: int) -> 
     return paths, ["[PAD]"] + [f"[unused{i}]" for i in range(unused_tokens)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
+def check_vocab_room(model: str, vocab_size: int, unused_tokens: int, flag: str = "--vocab-size") -> None:
+    """A UserError when `vocab_size` leaves no room beyond the special tokens ([PAD] [UNK] [CLS] [SEP] [MASK] and
+    the [unusedN] slots) and the alphabet: 26 letters for WordPiece, 256 bytes for byte-level BPE (whose size is
+    rounded up first). `data prepare` asks before its documents step, the trainers before training."""
+    specials = 5 + unused_tokens
+    size, base, what = vocab_size, specials + 26, "an alphabet"
+    if model == "bpe":
+        size, base, what = round_vocab_size(vocab_size), specials + 256, "256 bytes"
+    if size <= base:
+        raise UserError(
+            f"{flag} {vocab_size} is too small for a {model} vocab of {specials} special tokens (BERT's 5 and "
+            f"unused_tokens {unused_tokens}) plus {what}: set it above {base}"
+        )
+
+
 def train_wordpiece(
     files: Iterable[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -417,9 +432,8 @@ def train_wordpiece(
 
     The same files and settings give byte-identical vocab.txt and tokenizer.json (see _continuation_symbols).
     """
+    check_vocab_room("wordpiece", vocab_size, unused_tokens)
     paths, specials = _training_inputs(files, unused_tokens)
-    if vocab_size <= len(specials) + 26:
-        raise UserError(f"--vocab-size {vocab_size} is too small for {len(specials)} special tokens plus an alphabet")
     tok = _bert_wordpiece(lowercase)
     continuations = _continuation_symbols(tok, paths)
     if not continuations:
@@ -491,10 +505,9 @@ def train_bpe(
     too small for that many merges gives fewer tokens; [unusedN] tokens then pad the vocab to the multiple.
     The same files and settings give a byte-identical tokenizer.json.
     """
+    check_vocab_room("bpe", vocab_size, unused_tokens)
     paths, specials = _training_inputs(files, unused_tokens)
     size = round_vocab_size(vocab_size)
-    if size <= len(specials) + 256:
-        raise UserError(f"vocab_size {vocab_size} is too small for {len(specials)} special tokens plus 256 bytes")
     tok = _bpe_tokenizer(lowercase)
     trainer = trainers.BpeTrainer(
         vocab_size=size,

@@ -256,6 +256,9 @@ def score_run(args: argparse.Namespace) -> int:
     from bertforge.finetune.metrics import iter_questions, squad_v1_scores, squad_v2_scores
     from bertforge.finetune.squad import read_squad
 
+    # an empty --na-probs read as not given skips the best-threshold search; an empty --data or --predictions
+    # would be read as the working directory
+    refuse_empty_paths((("--data", args.data), ("--predictions", args.predictions), ("--na-probs", args.na_probs)))
     _, data = read_squad(args.data, scoring=True, v1=args.task == "squad")  # checks every field the metric reads
     preds = _read_json(args.predictions, "--predictions")
     if not isinstance(preds, dict) or not all(isinstance(v, str) for v in preds.values()):

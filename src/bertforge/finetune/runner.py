@@ -737,7 +737,8 @@ def _check_run(run: FinetuneRun) -> None:
     if run.task not in ALL_TASKS:
         raise UserError(f"--task {run.task!r}: choose one of {', '.join(ALL_TASKS)}")
     if not run.dev_files and not run.dataset:
-        raise UserError(f"--task {run.task}: give --dev-file (evaluation data) or --dataset")
+        alt = " (a SQuAD JSON file)" if run.task in SQUAD_TASKS else " or --dataset"  # --dataset: GLUE tasks only
+        raise UserError(f"--task {run.task}: give --dev-file (evaluation data){alt}")
     seen: dict[Path, str] = {}
     for path in run.dev_files:  # a typo for another file (dev_matched twice): one set scored and reported twice
         if (where := Path(path).resolve()) in seen:

@@ -59,7 +59,11 @@ def pretrain_add(p: argparse.ArgumentParser) -> None:
 def pretrain_run(args: argparse.Namespace) -> int:
     # local: bertforge.config loads yaml; `bertforge --help` imports this module
     from bertforge.config import describe, load_config
+    from bertforge.runtime.io import refuse_empty_paths
     from bertforge.train.config import PretrainConfig
+
+    # an empty --json-summary read as not given writes no summary; an empty --config read "" as a directory
+    refuse_empty_paths((("--config", args.config), ("--json-summary", args.json_summary)))
 
     if args.list_keys:
         for key, default, doc in describe(PretrainConfig):
