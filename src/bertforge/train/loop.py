@@ -212,7 +212,7 @@ def model_rows(cfg: PretrainConfig, vocab_size: int, resumed: ckpt.Checkpoint | 
     run_pretraining pads 30522 to 30528), or the rows of the checkpoint the run starts from (--resume's, else
     train.init_checkpoint's), so that a run written with other padding, or none, goes on as it was."""
     t = cfg.train
-    start = resumed or (ckpt.find_checkpoint(t.init_checkpoint) if t.init_checkpoint else None)
+    start = resumed or (init_checkpoint(t.init_checkpoint) if t.init_checkpoint else None)
     saved = _saved_config(start.model_dir) if start is not None else None
     if saved is not None and saved.vocab_size >= vocab_size:
         return saved.vocab_size
@@ -491,7 +491,7 @@ def build_model_for(
     if m.init_from:
         from bertforge.model.hf_interop import config_from_hf, load_pretrained, read_config
 
-        start = resumed or (ckpt.find_checkpoint(cfg.train.init_checkpoint) if cfg.train.init_checkpoint else None)
+        start = resumed or (init_checkpoint(cfg.train.init_checkpoint) if cfg.train.init_checkpoint else None)
         asked, source = bert_cfg, str(start.model_dir) if start is not None else m.init_from
         raw, path = read_config(source)  # before any weight is read
         own = config_from_hf(raw, str(path))
@@ -720,6 +720,7 @@ def restore(
     found = ckpt.latest_checkpoint(ckpt_root) if resume else None
     if found is not None:
         _check_objective(cfg, found)
+        _check_vocab(cfg, found, f"--resume: checkpoint {found.path}")
         _load_weights(model, found.model_dir, found.resume_fix)
         saved = found.load_state(require=ckpt.STATE_KEYS)
         _load_optimizer(optimizer, saved["optimizer"])
@@ -735,10 +736,11 @@ def restore(
         )
         return state, True
     if cfg.train.init_checkpoint:
-        src = ckpt.find_checkpoint(cfg.train.init_checkpoint)
+        src = init_checkpoint(cfg.train.init_checkpoint)
         # not this run's: deleting it would not help, and an untrusted file must never be loaded unsafely
         fix = "set train.init_checkpoint to an intact checkpoint of `bertforge pretrain` from a source you trust"
         _check_objective(cfg, src)
+        _check_vocab(cfg, src, f"train.init_checkpoint {cfg.train.init_checkpoint}")
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix, require=ckpt.STATE_KEYS)
         prev = TrainState.of(saved["train_state"], src.path)
@@ -774,6 +776,53 @@ def _restore_rng(rngs: list[Any], seed: int, batches: int, device: torch.device,
             f"--resume: the checkpoint was written by {len(rngs)} process{'es' if len(rngs) > 1 else ''} and this "
             f"run has {info.world_size} processes: the data order goes on as saved, the random draws (dropout) do not",
         )
+
+
+def init_checkpoint(given: str) -> ckpt.Checkpoint:
+    """train.init_checkpoint's checkpoint (a step_N directory, or the newest under a run directory). A model
+    directory given there (a Hugging Face one, or a checkpoint's model/) holds weights without the optimizer state
+    and counters a phase starts from: the one line names the setting for it, not just "no complete checkpoint"."""
+    path = Path(given)
+    if (path / "config.json").is_file() and not (path / ckpt.META_FILE).is_file():
+        parent = path.parent
+        if ckpt.STEP_DIR.match(parent.name) and (parent / ckpt.META_FILE).is_file():
+            raise UserError(
+                f"train.init_checkpoint {given} is the model directory of checkpoint {parent}: set "
+                f"train.init_checkpoint={parent} (its weights and optimizer moments start the phase)"
+            )
+        raise UserError(
+            f"train.init_checkpoint {given} is a model directory, not a checkpoint of `bertforge pretrain` (no "
+            f"{ckpt.META_FILE}, no optimizer state): to start from its weights with a fresh optimizer, set "
+            f"model.init_from={given} and train.init_checkpoint=null"
+        )
+    return ckpt.find_checkpoint(given)
+
+
+def _check_vocab(cfg: PretrainConfig, src: ckpt.Checkpoint, what: str) -> None:
+    """The checkpoint's vocab (the tokenizer files its model directory ships) must be this run's data vocab: phase-2
+    shards built with another vocab of the same size would train phase 1's embeddings on ids that mean other words,
+    and ship the other vocab.txt with them. Nothing to compare where either side has no vocab file."""
+    from bertforge.data.vocab import load_tokenizer
+
+    saved = src.model_dir
+    if not any((saved / n).is_file() for n in ("vocab.txt", "tokenizer.json")):
+        return
+    shards = None if cfg.data.synthetic else ShardSet.open(cfg.data.input_dir, "data.input_dir")  # cached: opened
+    _, _, vocab_file = resolve_vocab(cfg, shards)
+    if vocab_file is None:
+        return
+    try:
+        theirs_vocab = load_tokenizer(saved).get_vocab()
+    except UserError:  # a damaged tokenizer file: the weights are what a phase or a resume needs from there
+        return
+    if theirs_vocab == load_tokenizer(vocab_file).get_vocab():
+        return
+    theirs = saved / "vocab.txt" if (saved / "vocab.txt").is_file() else saved
+    raise UserError(
+        f"{what} was trained with the vocab in {saved}, and this run's data has another ({vocab_file}): its token "
+        f"ids would mean other words; set data.vocab={theirs}, with shards built from it (bertforge data shards "
+        f"--vocab {theirs})"
+    )
 
 
 def _check_finished(given: str | None, src: ckpt.Checkpoint, prev: TrainState) -> None:
