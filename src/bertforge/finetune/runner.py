@@ -121,6 +121,21 @@ def encode_glue(tokenizer, examples: glue.GlueExamples, max_seq_len: int, regres
     return Encoded(ids, types, {"labels": labels})
 
 
+def single_token_type(task: TaskData, type_vocab_size: int) -> TaskData:
+    """`task` with every token type 0 when the model has one type: a RoBERTa whose tokenizer is BERT's WordPiece
+    (klue/roberta-base) or a [CLS]/[SEP] BPE gives segment B type 1, which its one-row table cannot embed (an
+    IndexError at the first step); transformers' RoBERTa reads all zeros when given no token types."""
+    sets = [e for _, e, _ in task.evals] + ([task.train] if task.train is not None else [])
+    if type_vocab_size > 1 or not any(t.any() for e in sets for t in e.token_type_ids):
+        return task
+
+    def zero(e: Encoded) -> Encoded:
+        return dataclasses.replace(e, token_type_ids=[np.zeros_like(t) for t in e.token_type_ids])
+
+    train = zero(task.train) if task.train is not None else None
+    return dataclasses.replace(task, train=train, evals=[(n, zero(e), score) for n, e, score in task.evals])
+
+
 def encode_squad(features: squad.SquadFeatures) -> Encoded:
     return Encoded(
         features.input_ids,
@@ -717,6 +732,7 @@ def setup(run: FinetuneRun, cfg: FinetuneConfig, log: Callable[[str], None] = pr
         if run.task in SQUAD_TASKS
         else glue_task_data(run, cfg.task, tokenizer)
     )
+    task = single_token_type(task, mconfig.type_vocab_size)
     apply_model_choices(model, t)
     model.to(device)
     # the optimizer checks its settings here: before anything is deleted

@@ -266,7 +266,9 @@ def make_features(
     skipped (their questions get no features) and counted in one line to `log`."""
     sp = specials_for(tokenizer)
     contexts = _encode_unique(tokenizer, [e.context for e in examples])
-    questions = _encode_unique(tokenizer, [e.question for e in examples])
+    # run_qa.py strips the question's left whitespace (SQuAD dev has 10 such questions): a byte-level BPE would
+    # encode it as lone space tokens and spell the first word as a mid-sentence one ("ĠWhere"), unlike transformers
+    questions = _encode_unique(tokenizer, [e.question.lstrip() for e in examples])
     input_ids: list[np.ndarray] = []
     token_type_ids: list[np.ndarray] = []
     offsets: list[np.ndarray] = []
@@ -280,7 +282,7 @@ def make_features(
     for i, ex in enumerate(examples):
         if i in wrong:
             continue
-        q_ids = questions[ex.question].ids[:max_query_len]
+        q_ids = questions[ex.question.lstrip()].ids[:max_query_len]
         c_enc = contexts[ex.context]
         c_ids = np.asarray(c_enc.ids, dtype=np.int64)
         if ex.context not in trimmed:

@@ -424,7 +424,9 @@ class _OnnxWrapper(torch.nn.Module):
 
 
 def sample_inputs(config, head: str, batch: int = 3, seq: int = 17, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A batch with padding (row i has seq - 3i real tokens) for tracing and for the parity check."""
+    """A batch with padding (row i has seq - 3i real tokens) for tracing and for the parity check; `seq` is cut to
+    the model's positions (a model of 16 positions failed its export on the 17-token batch with an IndexError)."""
+    seq = min(seq, config.usable_positions)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, config.vocab_size, (batch, seq), generator=g)  # (B, T)
     am = torch.ones(batch, seq, dtype=torch.long)
@@ -436,7 +438,8 @@ def sample_inputs(config, head: str, batch: int = 3, seq: int = 17, seed: int = 
     tt = tt * am
     x = {"input_ids": ids, "attention_mask": am, "token_type_ids": tt}
     if head == "mlm":
-        x["masked_positions"] = torch.tensor([[1, 3], [2, 0], [4, 5]][:batch] + [[1, 2]] * max(0, batch - 3))
+        pos = torch.tensor([[1, 3], [2, 0], [4, 5]][:batch] + [[1, 2]] * max(0, batch - 3))
+        x["masked_positions"] = pos % seq  # inside the sequence however short the model's positions are
     return x
 
 
@@ -452,6 +455,19 @@ def onnx_parity(path: Path, model: torch.nn.Module, head: str, inputs: dict[str,
     return max(float(np.abs(g - w.float().numpy()).max()) for g, w in zip(got, want))
 
 
+def _require_onnx() -> None:
+    """onnx (the exporter writes with it) and onnxruntime (the parity check): without them the export failed with
+    a traceback, onnxruntime's only after the whole model had been traced."""
+    for name in ("onnx", "onnxruntime"):
+        try:
+            __import__(name)
+        except ImportError:
+            raise UserError(
+                f"--format onnx needs {name}, which is not installed here: pip install -e '.[export]' "
+                "(or pip install onnx onnxruntime)"
+            ) from None
+
+
 def export_onnx(
     model_dir: str | Path,
     out: str | Path,
@@ -465,6 +481,7 @@ def export_onnx(
     """Write `out/model.onnx` (+ config.json, tokenizer files); returns {"path", "max_abs_diff"}."""
     if opset not in ONNX_OPSETS:
         raise UserError(f"--opset {opset} is not supported; ONNX export takes {ONNX_OPSETS[0]} to {ONNX_OPSETS[-1]}")
+    _require_onnx()
     model_dir, out = Path(model_dir), Path(out)
     check_out(model_dir, out, force)
     head = resolve_head(model_dir, task)
@@ -477,7 +494,9 @@ def export_onnx(
         raise UserError(f"ONNX export supports heads {', '.join(ONNX_OUTPUTS)}, not {head!r}")
     # eager attention: plain matmul/softmax ops that every ONNX runtime has
     model, config = load(model_dir, head, init_head, seed, attention="eager")
-    x = sample_inputs(config, head)
+    # traced at 17 tokens, checked at 29 too; a model of fewer positions at two lengths it takes
+    long = min(29, config.usable_positions)
+    x = sample_inputs(config, head, seq=min(17, max(1, long - 1)))
     in_names = list(x)
     out_names = ONNX_OUTPUTS[head]
     axes: dict[str, dict[int, str]] = {
@@ -510,7 +529,7 @@ def export_onnx(
         # check on a different shape than the traced one: the axes really are dynamic
         diff = max(
             onnx_parity(path, model, head, x),
-            onnx_parity(path, model, head, sample_inputs(config, head, batch=2, seq=29, seed=1)),
+            onnx_parity(path, model, head, sample_inputs(config, head, batch=2, seq=long, seed=1)),
         )
         if not diff <= tolerance:
             raise UserError(
