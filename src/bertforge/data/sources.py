@@ -126,7 +126,7 @@ def markup(source: str) -> str | None:
     if source.startswith(("hf:", "builtin:")):
         return None
     files = [Path(source)] if Path(source).is_file() else _corpus_files(source)
-    if files and _wikiextractor_format(files[0]):
+    if files and _text_format(files[0]) in WIKIEXTRACTOR_FORMATS:
         return "wikiextractor"
     if Path(source).is_file():
         return None
@@ -208,26 +208,15 @@ def _read_text(path: Path) -> Iterator[str]:
         ) from e
 
 
-def _is_wikitext(path: Path) -> bool:
-    try:
-        with open_text(path, errors="replace") as f:
-            for line in f:
-                if line.strip():
-                    return bool(WIKITEXT_HEADING.match(line.rstrip("\n")))
-    except _DECOMPRESS_ERRORS:  # unreadable: _read_text says why
-        return False
-    return False
-
-
 def _iter_files(files: list[Path], one_doc_per_file: bool) -> Iterator[Doc]:
     for path in files:
         if is_wiki_dump(path.name):
             yield from iter_wiki_articles(path)
-        elif wikiextractor := _wikiextractor_format(path):  # one document per article, whatever one_doc_per_file
-            yield from _iter_wikiextractor_file(path, wikiextractor)
-        elif _is_wikitext(path):
+        elif (fmt := _text_format(path)) in WIKIEXTRACTOR_FORMATS:  # a document per article, whatever one_doc_per_file
+            yield from _iter_wikiextractor_file(path, fmt)
+        elif fmt == "wikitext":
             yield from iter_wikitext(path)
-        elif _is_json_lines(path):  # read as text, the whole file was one document of JSON syntax
+        elif fmt == "jsonl":  # read as text, the whole file was one document of JSON syntax
             raise UserError(
                 f'{path} holds JSON lines ({{"text": ...}} objects), not plain text: read it with --source hf:{path}'
             )
@@ -277,9 +266,14 @@ def iter_wikitext(path: Path) -> Iterator[Doc]:
 _DOC_OPEN = re.compile(r'^<doc id="[^"]*"(?: [a-z]+="[^"]*")*? title="(.*?)"(?: [a-z]+="[^"]*")*>\s*$')
 
 
-def _wikiextractor_format(path: Path) -> str | None:
-    """ "doc" for WikiExtractor's `<doc ...>` blocks, "json" for its `--json` lines ({"id", "title", "text", ...}),
-    told by the file's first non-blank line; None for anything else (or an unreadable file: reading says why)."""
+WIKIEXTRACTOR_FORMATS = ("doc", "json")
+
+
+def _text_format(path: Path) -> str | None:
+    """What a text file holds, told by its first non-blank line (one read): "doc" for WikiExtractor's `<doc ...>`
+    blocks, "json" for its `--json` lines ({"id", "title", "text", ...}), "wikitext" for WikiText's raw format,
+    "jsonl" for other JSON lines of {"text": ...} objects (C4, the Pile), None for plain text (or an unreadable
+    file: reading says why)."""
     try:
         with open_text(path, errors="replace") as f:
             line = next((ln for ln in f if ln.strip()), "")
@@ -287,30 +281,17 @@ def _wikiextractor_format(path: Path) -> str | None:
         return None
     if _DOC_OPEN.match(line):
         return "doc"
-    if line.startswith("{") and '"text"' in line:
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            return None
-        if isinstance(obj, dict) and isinstance(obj.get("text"), str) and "title" in obj:
-            return "json"
-    return None
-
-
-def _is_json_lines(path: Path) -> bool:
-    """A first non-blank line that is a JSON object with a "text" string: a C4/Pile-style `.jsonl[.gz]` file."""
-    try:
-        with open_text(path, errors="replace") as f:
-            line = next((ln for ln in f if ln.strip()), "")
-    except _DECOMPRESS_ERRORS:
-        return False
+    if WIKITEXT_HEADING.match(line.rstrip("\n")):
+        return "wikitext"
     if not line.lstrip().startswith("{") or '"text"' not in line:
-        return False
+        return None
     try:
         obj = json.loads(line)
     except ValueError:
-        return False
-    return isinstance(obj, dict) and isinstance(obj.get("text"), str)
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+        return None
+    return "json" if line.startswith("{") and "title" in obj else "jsonl"
 
 
 def _unescape(text: str) -> str:
