@@ -369,13 +369,8 @@ class Server:
     def watch(self) -> None:
         """Note tritonserver's process tree while it lives: a stub outlives a Triton that crashed in the middle of a
         response (it waits for Triton's answer for ever), then reparented away from us, where nothing finds it."""
-        import psutil
-
-        for p in psutil.Process().children():
-            with contextlib.suppress(psutil.Error):
-                if p.name() == "tritonserver" and p.pid not in self.others:
-                    for q in [p, *p.children(recursive=True)]:
-                        self.children.setdefault(q.pid, q)
+        for pid, p in triton_processes(self.others).items():
+            self.children.setdefault(pid, p)
 
     def serve(self, period_s: float = 1.0) -> None:
         """Block until interrupted (Ctrl-C, or SIGTERM turned into KeyboardInterrupt by the caller: it propagates)
@@ -397,6 +392,18 @@ class Server:
             end_processes(list(self.children.values()))
             if not IN_FLIGHT.wait_idle(STOP_WAIT_S):
                 log.warning("model calls still running after %.0f s; exiting with them", STOP_WAIT_S)
+
+
+def triton_processes(skip: Collection[int] = ()) -> dict[int, psutil.Process]:
+    """This process's tritonserver children (but those whose pid is in `skip`) and their descendants, by pid."""
+    import psutil
+
+    found: dict[int, psutil.Process] = {}
+    for p in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if p.name() == "tritonserver" and p.pid not in skip:
+                found.update((q.pid, q) for q in [p, *p.children(recursive=True)])
+    return found
 
 
 def end_processes(procs: Sequence[psutil.Process], timeout_s: float = 5.0) -> None:
@@ -457,7 +464,7 @@ def start(models: Sequence[tuple[str, Predictor | Callable[[], Predictor]]], cfg
     )
     triton = Triton(config=tc, security_config=TritonSecurityConfig(access_token=cfg.access_token))
     # what Triton leaves at its stop is ended (`Server.stop`): not the tritonservers this process already ran
-    running = Server(triton, None, others=frozenset(Server(triton, None).children))
+    running = Server(triton, None, others=frozenset(triton_processes()))
     try:
         for task, predictor in models:
             if callable(predictor) and not isinstance(predictor, Predictor):

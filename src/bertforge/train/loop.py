@@ -714,13 +714,22 @@ def _load_optimizer(optimizer, state: dict) -> None:
 
 
 def restore(
-    cfg: PretrainConfig, ckpt_root: Path, resume: bool, model, optimizer, scaler, device, info: ddp.DistInfo
+    cfg: PretrainConfig,
+    ckpt_root: Path,
+    resume: bool,
+    model,
+    optimizer,
+    scaler,
+    device,
+    info: ddp.DistInfo,
+    vocab_file: Path | None = None,
 ) -> tuple[TrainState, bool]:
-    """A checkpoint of this run (--resume), else phase 2's init checkpoint, else a fresh state."""
+    """A checkpoint of this run (--resume), else phase 2's init checkpoint, else a fresh state. `vocab_file`: the
+    data's (`resolve_vocab`), which the checkpoint's tokenizer must be."""
     found = ckpt.latest_checkpoint(ckpt_root) if resume else None
     if found is not None:
         _check_objective(cfg, found)
-        _check_vocab(cfg, found, f"--resume: checkpoint {found.path}")
+        _check_vocab(vocab_file, found, f"--resume: checkpoint {found.path}")
         _load_weights(model, found.model_dir, found.resume_fix)
         saved = found.load_state(require=ckpt.STATE_KEYS)
         _load_optimizer(optimizer, saved["optimizer"])
@@ -740,7 +749,7 @@ def restore(
         # not this run's: deleting it would not help, and an untrusted file must never be loaded unsafely
         fix = "set train.init_checkpoint to an intact checkpoint of `bertforge pretrain` from a source you trust"
         _check_objective(cfg, src)
-        _check_vocab(cfg, src, f"train.init_checkpoint {cfg.train.init_checkpoint}")
+        _check_vocab(vocab_file, src, f"train.init_checkpoint {cfg.train.init_checkpoint}")
         _load_weights(model, src.model_dir, fix)
         saved = src.load_state(fix=fix, require=ckpt.STATE_KEYS)
         prev = TrainState.of(saved["train_state"], src.path)
@@ -798,18 +807,14 @@ def init_checkpoint(given: str) -> ckpt.Checkpoint:
     return ckpt.find_checkpoint(given)
 
 
-def _check_vocab(cfg: PretrainConfig, src: ckpt.Checkpoint, what: str) -> None:
+def _check_vocab(vocab_file: Path | None, src: ckpt.Checkpoint, what: str) -> None:
     """The checkpoint's vocab (the tokenizer files its model directory ships) must be this run's data vocab: phase-2
     shards built with another vocab of the same size would train phase 1's embeddings on ids that mean other words,
     and ship the other vocab.txt with them. Nothing to compare where either side has no vocab file."""
     from bertforge.data.vocab import load_tokenizer
 
     saved = src.model_dir
-    if not any((saved / n).is_file() for n in ("vocab.txt", "tokenizer.json")):
-        return
-    shards = None if cfg.data.synthetic else ShardSet.open(cfg.data.input_dir, "data.input_dir")  # cached: opened
-    _, _, vocab_file = resolve_vocab(cfg, shards)
-    if vocab_file is None:
+    if vocab_file is None or not any((saved / n).is_file() for n in ("vocab.txt", "tokenizer.json")):
         return
     try:
         theirs_vocab = load_tokenizer(saved).get_vocab()
@@ -881,7 +886,7 @@ def setup(
     guard = _enter_fp8(cfg, model, device, precision, info, shards.seq_len if shards else loader.seq_len)
     optimizer = optimizer_for(model, o, device.type)
     scaler = dev.grad_scaler(device, precision)
-    state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info)
+    state, resumed = restore(cfg, ckpt_root, resume, model, optimizer, scaler, device, info, vocab_file)
     guard = _fp8_as_saved(guard, state, model, info)
     if not resumed:
         torch.manual_seed(t.seed + info.rank)  # dropout differs per rank
