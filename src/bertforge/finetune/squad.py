@@ -221,6 +221,8 @@ def _trimmed_offsets(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarra
         while e > s + 1 and text[e - 1].isspace():
             e -= 1
         row[0], row[1] = s, e
+    if text.isascii():  # no combining marks: the pass below is for the contexts that can hold them
+        return out
     covered = None  # (len(text),) bool: held by some token; built only for a text with a mark after a token
     for row in out:
         e = int(row[1])
